@@ -1,0 +1,153 @@
+"""Measured ceilings (copy bandwidth, matmul peak per dtype) and the roofline plot.
+
+A datasheet gives the roof a vendor promises; the roof a kernel can actually hit is lower. We measure
+two ceilings once per process and compare every kernel against them:
+
+- **copy bandwidth**: a large device-to-device ``copy_``, counting bytes read *plus* bytes written;
+- **matmul peak**: the library (cuBLAS) matrix product at a large square size, per dtype.
+
+``plot_roofline`` draws the datasheet roof dashed, the measured roof solid and kernels as points.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from kernels import bench, device, hardware
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    name: str
+    value: float  # GB/s for bandwidth, TFLOP/s for compute
+    shape: tuple[int, ...]
+    dtype: str
+    measurement: bench.Measurement
+
+
+@functools.lru_cache(maxsize=None)
+def copy_bandwidth(n_bytes: int | None = None) -> Ceiling:
+    """Device-to-device copy of ``n_bytes`` (default 1 GiB on a GPU, 4 MiB on CPU)."""
+    n_bytes = n_bytes or device.pick(2**30, 2**22)
+    n = n_bytes // 4
+    src = torch.randn(n, device=device.DEVICE)
+    dst = torch.empty_like(src)
+    m = bench.measure(lambda: dst.copy_(src), bytes=2 * n * 4)
+    return Ceiling("copy", m.gbps, (n,), "float32", m)
+
+
+_MATMUL_DTYPES = {
+    "float32": torch.float32,
+    "tf32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def matmul_peak(dtype: str = "bfloat16", n: int | None = None) -> Ceiling:
+    """TFLOP/s of ``torch.matmul`` on ``n x n x n`` (default 8192 on a GPU, 256 on CPU).
+
+    ``dtype`` is one of float32 (TF32 off), tf32, float16, bfloat16.
+    """
+    if dtype not in _MATMUL_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_MATMUL_DTYPES)}, got {dtype!r}")
+    n = n or device.pick(8192, 256)
+    torch_dtype = _MATMUL_DTYPES[dtype]
+    # Random data, not zeros: zeros toggle fewer bits and run measurably faster.
+    a = torch.randn(n, n, device=device.DEVICE, dtype=torch_dtype)
+    b = torch.randn(n, n, device=device.DEVICE, dtype=torch_dtype)
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        m = bench.measure(lambda: a @ b, flops=2 * n**3)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    return Ceiling(f"matmul_{dtype}", m.tflops, (n, n, n), dtype, m)
+
+
+@bench.register("ceilings")
+def _bench_ceilings(quick: bool) -> list[dict]:
+    """The measured roofs, each against its datasheet figure (ceiling_frac = measured / datasheet)."""
+    spec = hardware.for_device()
+    recs = []
+    c = copy_bandwidth()
+    sheet = spec.get("mem_bw_gbps") if spec else None
+    recs.append(
+        bench.record(
+            "ceiling",
+            "copy",
+            c.shape,
+            c.dtype,
+            c.measurement,
+            ceiling=("datasheet", sheet) if sheet else None,
+        )
+    )
+    for dtype in ["bfloat16"] if quick else ["bfloat16", "float16", "tf32", "float32"]:
+        c = matmul_peak(dtype)
+        sheet = spec.get(f"tflops_{dtype}") if spec else None
+        recs.append(
+            bench.record(
+                "ceiling",
+                f"matmul_{dtype}",
+                c.shape,
+                dtype,
+                c.measurement,
+                ceiling=("datasheet", sheet) if sheet else None,
+            )
+        )
+    return recs
+
+
+def plot_roofline(
+    ax,
+    *,
+    bandwidth_gbps: float,
+    peak_tflops: float,
+    datasheet_bandwidth_gbps: float | None = None,
+    datasheet_tflops: float | None = None,
+    points: list[tuple[str, float, float]] = (),
+    label: str = "measured",
+    color: str = "C0",
+):
+    """Draw a roofline on ``ax`` (log-log; x = FLOP/byte, y = TFLOP/s).
+
+    ``points`` are ``(label, arithmetic_intensity, achieved_tflops)``.
+    """
+    import numpy as np
+
+    x = np.logspace(-2, 4, 400)
+
+    def roof(bw, peak):
+        return np.minimum(bw * 1e9 * x / 1e12, peak)
+
+    ax.loglog(x, roof(bandwidth_gbps, peak_tflops), color=color, lw=2, label=f"{label} roof")
+    if datasheet_bandwidth_gbps and datasheet_tflops:
+        ax.loglog(
+            x,
+            roof(datasheet_bandwidth_gbps, datasheet_tflops),
+            color=color,
+            ls="--",
+            lw=1,
+            label="datasheet roof",
+        )
+    ridge = peak_tflops * 1e12 / (bandwidth_gbps * 1e9)
+    ax.axvline(ridge, color=color, ls=":", lw=0.8)
+    ax.annotate(
+        f"ridge {ridge:.0f} FLOP/B",
+        (ridge, peak_tflops),
+        textcoords="offset points",
+        xytext=(5, -15),
+        fontsize=8,
+    )
+    for i, (name, ai, tf) in enumerate(points):
+        ax.plot([ai], [tf], "o", color=f"C{(i + 1) % 10}")
+        ax.annotate(name, (ai, tf), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    return ax

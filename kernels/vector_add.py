@@ -1,0 +1,109 @@
+"""Vector add: the first Triton kernel, and the course's first memory-bound benchmark.
+
+Per element it reads two values and writes one: 3 x itemsize bytes for one FLOP, an arithmetic
+intensity of 1/12 FLOP/byte in fp32, hundreds of times below any GPU's ridge point. Its speed is
+therefore set by memory bandwidth alone, and the honest yardstick is the copy bandwidth measured in
+the same run (``kernels.roofline.copy_bandwidth``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import _validate, bench, device, roofline
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Defaults chosen by the BLOCK_SIZE x num_warps sweep in notebooks/01a-gpu-hierarchy.ipynb: large
+# blocks give each thread several 16-byte loads in flight; past that the choice barely matters.
+DEFAULT_BLOCK_SIZE = 4096
+DEFAULT_NUM_WARPS = 4
+
+
+@triton.jit
+def _add_kernel(
+    # pointers
+    x_ptr,
+    y_ptr,
+    out_ptr,
+    # sizes
+    n_elements,
+    # meta-parameters
+    BLOCK_SIZE: tl.constexpr,
+):
+    # One program instance (≈ one thread block) handles BLOCK_SIZE consecutive elements. The program
+    # id is widened to int64 so offsets of tensors past 2**31 elements do not overflow.
+    pid = tl.program_id(axis=0).to(tl.int64)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    # The last block runs past the end when n_elements is not a multiple of BLOCK_SIZE.
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    # Add in fp32 whatever the storage type, round once on the store.
+    out = x.to(tl.float32) + y.to(tl.float32)
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    num_warps: int = DEFAULT_NUM_WARPS,
+) -> torch.Tensor:
+    """``x + y`` elementwise for contiguous float32/float16/bfloat16 tensors of the same shape."""
+    _validate.tensor("x", x, dtypes=SUPPORTED_DTYPES)
+    _validate.tensor("y", y, dtypes=SUPPORTED_DTYPES)
+    _validate.same("x", x, "y", y)
+    _validate.positive_power_of_two("block_size", block_size)
+    _validate.positive_power_of_two("num_warps", num_warps)
+    out = torch.empty_like(x)
+    n = x.numel()
+    if n == 0:
+        return out
+    grid = (triton.cdiv(n, block_size),)
+    _add_kernel[grid](x, y, out, n, BLOCK_SIZE=block_size, num_warps=num_warps)
+    return out
+
+
+def add_ref(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The reference: computed in fp32 by torch, returned in the inputs' dtype."""
+    return (x.float() + y.float()).to(x.dtype)
+
+
+# Signatures for the ahead-of-time compile check (tests compile every kernel for sm_90 and sm_75).
+COMPILE_SPECS = [
+    dict(
+        kernel=_add_kernel,
+        signature={"x_ptr": f"*{t}", "y_ptr": f"*{t}", "out_ptr": f"*{t}", "n_elements": "i64"},
+        constexprs={"BLOCK_SIZE": 4096},
+    )
+    for t in ("fp32", "fp16", "bf16")
+]
+
+
+@bench.register("vector_add")
+def _bench_vector_add(quick: bool) -> list[dict]:
+    copy = roofline.copy_bandwidth()
+    sizes = [2**26] if quick else [2**24, 2**26, 2**28]
+    dtypes = [torch.float32] if quick else [torch.float32, device.preferred_dtype(torch.bfloat16)]
+    if not device.GPU_MODE:
+        sizes = [2**16]
+    recs = []
+    for dtype in dtypes:
+        for n in sizes:
+            x = torch.randn(n, device=device.DEVICE, dtype=dtype)
+            y = torch.randn(n, device=device.DEVICE, dtype=dtype)
+            out = torch.empty_like(x)
+            nbytes = 3 * n * x.element_size()
+            ours = bench.measure(lambda: add(x, y), bytes=nbytes)  # noqa: B023
+            base = bench.measure(lambda: torch.add(x, y, out=out), bytes=nbytes)  # noqa: B023
+            ceil = ("copy", copy.value)
+            recs.append(
+                bench.record(
+                    "vector_add", "triton", [n], dtype, ours, baseline=("torch", base), ceiling=ceil
+                )
+            )
+            recs.append(bench.record("vector_add", "torch", [n], dtype, base, ceiling=ceil))
+    return recs
