@@ -1,0 +1,95 @@
+# GPU Brrr: the two commands are `make book` and `make test` (see README.md).
+#
+#   make venv           .venv with the pinned requirements (CPU torch) and kernels/ installed editable
+#   make book           vendor MathJax, build the site from the committed notebook outputs, -W -n
+#   make test           lint, unit + book-structure tests, the book, the browser test, nbval
+#   make lint           ruff check + ruff format --check
+#   make bench          python -m kernels.bench on this machine (appends results/<gpu>.jsonl)
+#   make gpu-notebooks  on a GPU machine: execute every notebook in place, then the benchmarks
+#
+# `bench` and `gpu-notebooks` run with $(PYTHON) (default python3: the interpreter that has your
+# GPU's torch), not .venv, whose torch is the CPU build.
+
+SHELL := /bin/bash
+# The stages share _build/ and .venv/: run them one at a time even under make -j.
+.NOTPARALLEL:
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.gpu-brrr-stamp
+CHROMIUM ?= /usr/bin/chromium
+STAGE := tools/stage.sh
+# --all: a fresh Sphinx environment every time, so a warning cannot hide in an incremental build.
+JB_FLAGS ?= -W -n --keep-going --all
+LINT_PATHS := $(wildcard kernels tests notebooks scripts tools/*.py)
+PYTEST := $(BIN)/python -m pytest
+NOTEBOOKS ?=
+ARGS ?=
+
+.PHONY: venv book mathjax chromium npm test test-unit test-nbval test-browser lint bench \
+	gpu-notebooks clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install --disable-pip-version-check -e . --no-deps
+	touch $@
+
+# npm: tools/vendor_mathjax.sh needs it; Debian's package when missing and we are root.
+npm:
+	@if command -v npm >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "npm not found: installing Debian's npm"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; \
+	else \
+		echo "error: npm is needed to vendor MathJax (Debian: sudo apt-get install npm)"; exit 1; \
+	fi
+
+mathjax: npm
+	@tools/vendor_mathjax.sh
+
+book: venv mathjax
+	rm -rf _build/html _build/jupyter_execute
+	$(STAGE) book $(BIN)/jupyter-book build . $(JB_FLAGS)
+
+# Debian's Chromium for the browser test (Playwright drives it; it never downloads a browser).
+chromium:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "$(CHROMIUM) not found: installing Debian's chromium"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else \
+		echo "error: the browser test needs Chromium at $(CHROMIUM): sudo apt-get install chromium,"; \
+		echo "       or CHROMIUM=/path/to/chromium make test (GPU_BRRR_SKIP_BROWSER=1 skips it)"; \
+		exit 1; \
+	fi
+
+lint: venv
+	$(STAGE) ruff-check $(BIN)/ruff check $(LINT_PATHS)
+	$(STAGE) ruff-format $(BIN)/ruff format --check $(LINT_PATHS)
+
+# Kernel tests (Triton interpreter mode on a CPU), bibliography, book structure; no browser.
+test-unit: venv
+	$(STAGE) pytest $(PYTEST) tests -m "not browser"
+
+# Every notebook re-executed on this machine (interpreter mode without a GPU); outputs are only
+# compared in cells marked # NBVAL_CHECK_OUTPUT.
+test-nbval: venv
+	$(STAGE) nbval $(PYTEST) --nbval-lax --nbval-current-env notebooks
+
+test-browser: venv chromium
+	$(STAGE) browser env GPU_BRRR_CHROMIUM=$(CHROMIUM) $(PYTEST) tests/test_site.py -m browser
+
+# pytest exits non-zero (5) when it collects no test, so an empty stage fails too.
+test: venv chromium lint test-unit book test-browser test-nbval
+
+bench:
+	$(PYTHON) -m kernels.bench $(ARGS)
+
+gpu-notebooks:
+	$(PYTHON) scripts/run_gpu_notebooks.py $(NOTEBOOKS) $(ARGS)
+
+clean:
+	rm -rf _build _vendor

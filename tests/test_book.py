@@ -1,0 +1,384 @@
+"""Structure of the book's sources: no build needed, runs in a second.
+
+The table of contents and the files agree; every notebook carries the outputs of a full top-to-bottom
+run on a real GPU, starts with the Colab bootstrap and the device report, and stays small; the
+Jupyter Book configuration keeps the site offline and un-executed; every act page has its Takeaway,
+exercises with folded solutions and citations that resolve. Each rule is a function that returns the
+problems it finds, and `test_rules_catch_*` feed each rule a broken example, so no rule is vacuous.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+ACTS = sorted((ROOT / "acts").glob("act*.md"))
+
+MAX_NOTEBOOK_BYTES = 1_500_000
+MAX_IMAGE_BYTES = 300_000
+NOTEBOOK_NAME = re.compile(r"^\d{2}[a-z]-[a-z0-9]+(?:-[a-z0-9]+)*\.ipynb$")
+GPU_VENDOR = re.compile(r"\b(NVIDIA|AMD)\b")
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+# --- the table of contents ---------------------------------------------------------------------
+
+
+def toc_entries(toc: dict) -> list[tuple[str, str | None]]:
+    """Every `file:` of the toc, with the chapter it is nested under (None for chapters)."""
+    entries: list[tuple[str, str | None]] = [(toc["root"], None)]
+
+    def walk(node, parent):
+        if isinstance(node, list):
+            for item in node:
+                walk(item, parent)
+        elif isinstance(node, dict):
+            here = parent
+            if "file" in node:
+                entries.append((node["file"], parent))
+                here = node["file"] if parent is None else parent
+            for key in ("parts", "chapters", "sections"):
+                if key in node:
+                    walk(node[key], here)
+
+    walk({k: v for k, v in toc.items() if k != "root"}, None)
+    return entries
+
+
+def resolve(entry: str) -> Path | None:
+    """The source file a toc entry names (Jupyter Book accepts it with or without a suffix)."""
+    for candidate in (ROOT / entry, ROOT / f"{entry}.md", ROOT / f"{entry}.ipynb"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+TOC_ENTRIES = toc_entries(TOC)
+TOC_FILES = {resolve(e) for e, _ in TOC_ENTRIES} - {None}
+
+
+def test_toc_is_a_book():
+    assert TOC.get("format") == "jb-book"
+    assert "parts" in TOC, "_toc.yml groups its chapters into captioned parts"
+
+
+def test_every_toc_entry_exists():
+    missing = [e for e, _ in TOC_ENTRIES if resolve(e) is None]
+    assert not missing, f"_toc.yml names files that do not exist: {missing}"
+
+
+def test_no_toc_entry_twice():
+    names = [re.sub(r"\.(md|ipynb)$", "", e) for e, _ in TOC_ENTRIES]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    assert not dupes, f"listed twice in _toc.yml: {dupes}"
+
+
+def test_course_has_acts_and_notebooks():
+    assert ACTS, "no acts/act*.md"
+    assert NOTEBOOKS, "no notebooks/*.ipynb"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + ACTS, ids=_rel)
+def test_in_toc(path):
+    # only_build_toc_files: a page missing from the toc is silently left out of the site.
+    assert path in TOC_FILES, f"{_rel(path)} is not in _toc.yml, so the site does not show it"
+
+
+def test_notebooks_sit_under_their_act():
+    parents = {resolve(e): parent for e, parent in TOC_ENTRIES}
+    wrong = {
+        _rel(nb): parents.get(nb)
+        for nb in NOTEBOOKS
+        if nb in parents and not (parents[nb] or "").startswith("acts/")
+    }
+    assert not wrong, f"notebooks not nested under an acts/ chapter in _toc.yml: {wrong}"
+
+
+# --- notebooks ---------------------------------------------------------------------------------
+
+
+def _source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def _output_text(out: dict) -> str:
+    parts = []
+    if "text" in out:
+        parts.append(_source({"source": out["text"]}))
+    for mime, value in out.get("data", {}).items():
+        if mime.startswith("text/"):
+            parts.append(_source({"source": value}))
+    if out.get("output_type") == "error":
+        parts.append(f"{out.get('ename')}: {out.get('evalue')}")
+    return "\n".join(parts)
+
+
+def _code_cells(nb: dict) -> list[dict]:
+    return [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+
+
+def check_bootstrap(nb: dict, repo_url: str) -> list[str]:
+    """The first code cell bootstraps a bare runtime (Colab) and reports the device.
+
+    Bootstrap: clone this course's repository and pip install what the runtime lacks (the cell may
+    detect Colab or look for the repository; it may shell out with `!` or subprocess). The device
+    report printed by kernels.device is the provenance of every output below it.
+    """
+    cells = _code_cells(nb)
+    if not cells:
+        return ["no code cell"]
+    src = _source(cells[0])
+    problems = []
+    if repo_url not in src or not re.search(r"\bclone\b", src):
+        problems.append(f"first code cell does not clone {repo_url} (the Colab bootstrap)")
+    if not re.search(r"\bpip\b[\"',\s]+install\b", src):
+        problems.append("first code cell does not pip install what a bare runtime lacks")
+    if not re.search(
+        r"^\s*(from\s+kernels\s+import\s+[^\n]*\bdevice\b|import\s+kernels\.device\b"
+        r"|from\s+kernels\.device\s+import\b)",
+        src,
+        flags=re.MULTILINE,
+    ):
+        problems.append("first code cell does not import kernels.device")
+    text = "\n".join(_output_text(o) for o in cells[0].get("outputs", []))
+    if not GPU_VENDOR.search(text):
+        problems.append("first code cell's stored output names no NVIDIA/AMD GPU (not a GPU run?)")
+    return problems
+
+
+def check_full_gpu_run(nb: dict) -> list[str]:
+    """Every code cell ran, top to bottom, in one session, without an error."""
+    problems = []
+    last = 0
+    for i, cell in enumerate(_code_cells(nb)):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if not _source(cell).strip() or "skip-execution" in tags:
+            continue
+        count = cell.get("execution_count")
+        if count is None:
+            problems.append(f"code cell {i} has no execution count (not run)")
+            continue
+        if count <= last:
+            problems.append(f"code cell {i} ran as [{count}] after [{last}] (not one clean run)")
+        last = count
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error" and "raises-exception" not in tags:
+                problems.append(f"code cell {i} stored an error: {out.get('ename')}")
+    texts = "\n".join(_output_text(o) for c in _code_cells(nb) for o in c.get("outputs", []))
+    if not GPU_VENDOR.search(texts):
+        problems.append("no stored output mentions an NVIDIA or AMD GPU")
+    return problems
+
+
+def check_images(nb: dict) -> list[str]:
+    problems = []
+    for i, cell in enumerate(_code_cells(nb)):
+        for out in cell.get("outputs", []):
+            for mime, value in out.get("data", {}).items():
+                if not mime.startswith("image/"):
+                    continue
+                value = _source({"source": value})
+                size = len(value) if mime == "image/svg+xml" else len(base64.b64decode(value))
+                if size > MAX_IMAGE_BYTES:
+                    problems.append(f"code cell {i}: {mime} of {size // 1000} KB")
+    for i, cell in enumerate(nb.get("cells", [])):
+        for name, att in (cell.get("attachments") or {}).items():
+            for mime, value in att.items():
+                size = len(base64.b64decode(value)) if mime.startswith("image/") else 0
+                if size > MAX_IMAGE_BYTES:
+                    problems.append(f"cell {i} attachment {name}: {size // 1000} KB")
+    return problems
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
+def test_notebook_name(path):
+    assert NOTEBOOK_NAME.match(path.name), f"{path.name}: want NN<letter>-<topic>.ipynb"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
+def test_notebook_starts_with_bootstrap_and_device(path):
+    problems = check_bootstrap(_load(path), CONFIG["repository"]["url"])
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
+def test_notebook_outputs_are_a_full_gpu_run(path):
+    assert not (problems := check_full_gpu_run(_load(path))), problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
+def test_notebook_size(path):
+    size = path.stat().st_size
+    assert size < MAX_NOTEBOOK_BYTES, f"{path.name} is {size / 1e6:.2f} MB (limit 1.5 MB)"
+    assert not (problems := check_images(_load(path))), f"images over 300 KB: {problems}"
+
+
+# --- _config.yml -------------------------------------------------------------------------------
+
+
+def test_config_never_executes_notebooks():
+    # YAML reads a bare `off` as False; either way the site shows the committed GPU outputs.
+    assert CONFIG["execute"]["execute_notebooks"] in ("off", False)
+
+
+def test_config_bibliography():
+    bibfiles = CONFIG.get("bibtex_bibfiles") or []
+    assert "references.bib" in bibfiles
+    assert all((ROOT / b).is_file() for b in bibfiles), bibfiles
+
+
+def test_config_colab_and_repository():
+    assert CONFIG["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+    url = CONFIG["repository"]["url"]
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url), url
+    assert CONFIG["repository"].get("branch"), "the Colab links need the branch"
+
+
+def test_config_mathjax_is_local():
+    sphinx = CONFIG["sphinx"]["config"]
+    path = sphinx["mathjax_path"]
+    assert "://" not in path and not path.startswith("//"), f"MathJax from a CDN: {path}"
+    assert "_vendor/static" in sphinx.get("html_static_path", [])
+    script = (ROOT / "tools" / "vendor_mathjax.sh").read_text(encoding="utf-8")
+    assert "_vendor/static/mathjax" in script and path == "mathjax/tex-chtml.js"
+
+
+def test_config_keeps_tooling_out_of_the_build():
+    assert CONFIG.get("only_build_toc_files") is True
+    excluded = set(CONFIG.get("exclude_patterns") or [])
+    assert {".venv", "_vendor", ".pytest_cache"} <= excluded, excluded
+
+
+# --- act pages ---------------------------------------------------------------------------------
+
+_FENCE = r"^(?P<fence>`{3,}|:{3,})\s*\{(?P<name>[\w:-]+)\}[ \t]*(?P<arg>[^\n]*)$"
+CITE = re.compile(r"\{cite(?::\w+)?\}`([^`]+)`")
+
+
+def bib_keys(text: str) -> set[str]:
+    return set(re.findall(r"^\s*@\w+\s*\{\s*([^,\s]+)\s*,", text, flags=re.MULTILINE))
+
+
+def check_act(text: str, keys: set[str]) -> list[str]:
+    problems = []
+    directives = list(re.finditer(_FENCE, text, flags=re.MULTILINE))
+    if not any(
+        "takeaway" in d["arg"].lower() and d["name"] in ("admonition", "tip", "important", "note")
+        for d in directives
+    ):
+        problems.append("no Takeaway admonition (```{admonition} Takeaway ...)")
+    m = re.search(r"^#{1,6}\s+.*\bexercises?\b", text, flags=re.MULTILINE | re.IGNORECASE)
+    if not m:
+        problems.append("no Exercises heading")
+    else:
+        after = text[m.end() :]
+        has_dropdown = re.search(_FENCE.replace("[\\w:-]+", "dropdown"), after, re.MULTILINE)
+        has_class = re.search(r"^\s*:class:\s*[^\n]*\bdropdown\b", after, flags=re.MULTILINE)
+        if not (has_dropdown or has_class):
+            problems.append("exercises have no folded solution ({dropdown} or :class: dropdown)")
+    cited = {k.strip() for group in CITE.findall(text) for k in group.split(",")}
+    if not cited:
+        problems.append("no {cite} reference")
+    if unknown := sorted(cited - keys):
+        problems.append(f"cite keys not in references.bib: {unknown}")
+    return problems
+
+
+@pytest.mark.parametrize("path", ACTS, ids=_rel)
+def test_act_page(path):
+    keys = bib_keys((ROOT / "references.bib").read_text(encoding="utf-8"))
+    assert not (problems := check_act(path.read_text(encoding="utf-8"), keys)), problems
+
+
+# --- the rules themselves ----------------------------------------------------------------------
+
+_PNG = base64.b64encode(b"\x89PNG" + b"\0" * (MAX_IMAGE_BYTES + 1)).decode()
+_REPO = "https://github.com/gpu-brrr/gpu-brrr"
+_GOOD_FIRST = {
+    "cell_type": "code",
+    "execution_count": 1,
+    "metadata": {},
+    "source": "import subprocess, sys\nif 'google.colab' in sys.modules:\n"
+    f"    subprocess.run(['git', 'clone', '{_REPO}'])\n"
+    "    subprocess.run([sys.executable, '-m', 'pip', 'install', 'pyyaml'])\n"
+    "from kernels import device\nprint(device.describe())",
+    "outputs": [{"output_type": "stream", "name": "stdout", "text": "GPU: NVIDIA H100\n"}],
+}
+
+
+def _nb(*cells):
+    return {"cells": list(cells), "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def _code(count, source="x = 1", outputs=()):
+    return {
+        "cell_type": "code",
+        "execution_count": count,
+        "metadata": {},
+        "source": source,
+        "outputs": list(outputs),
+    }
+
+
+def test_rules_catch_bad_notebooks():
+    good = _nb(_GOOD_FIRST, _code(2), _code(3))
+    assert check_bootstrap(good, _REPO) == [] and check_full_gpu_run(good) == []
+    shell_src = f"!git clone {_REPO}\n%pip install -q pyyaml\nimport kernels.device"
+    shell = dict(_GOOD_FIRST, source=shell_src)
+    assert check_bootstrap(_nb(shell), _REPO) == []
+    cpu = dict(_GOOD_FIRST, outputs=[{"output_type": "stream", "text": "device : CPU (x86_64)"}])
+    assert any("NVIDIA/AMD" in p for p in check_bootstrap(_nb(cpu), _REPO))
+    assert any("mentions an NVIDIA" in p for p in check_full_gpu_run(_nb(cpu)))
+    no_colab = dict(_GOOD_FIRST, source="from kernels import device")
+    assert len(check_bootstrap(_nb(no_colab), _REPO)) == 2
+    other_repo = check_bootstrap(_nb(_GOOD_FIRST), "https://github.com/someone/else")
+    assert len(other_repo) == 1 and "clone" in other_repo[0]
+    no_device = dict(_GOOD_FIRST, source=_GOOD_FIRST["source"].replace("kernels", "other"))
+    assert check_bootstrap(_nb(no_device), _REPO) == [
+        "first code cell does not import kernels.device"
+    ]
+    assert any("no execution count" in p for p in check_full_gpu_run(_nb(_GOOD_FIRST, _code(None))))
+    assert any("after [3]" in p for p in check_full_gpu_run(_nb(_GOOD_FIRST, _code(3), _code(2))))
+    err = {"output_type": "error", "ename": "OutOfMemoryError", "evalue": "", "traceback": []}
+    assert any("Out" in p for p in check_full_gpu_run(_nb(_GOOD_FIRST, _code(2, outputs=[err]))))
+    big = {"output_type": "display_data", "data": {"image/png": _PNG}, "metadata": {}}
+    assert check_images(_nb(_code(1, outputs=[big]))), "an oversized PNG went unnoticed"
+    assert not NOTEBOOK_NAME.match("gpu-hierarchy.ipynb") and NOTEBOOK_NAME.match("01a-gpu.ipynb")
+
+
+def test_rules_catch_bad_act_pages():
+    good = (
+        "# Act\n\nSee {cite}`a`.\n\n```{admonition} Takeaway\n:class: tip\nBytes.\n```\n\n"
+        "## Exercises\n\n1. Why?\n\n:::{dropdown} Solution\nBecause.\n:::\n"
+    )
+    assert check_act(good, {"a"}) == []
+    assert check_act(good.replace("Takeaway", "Summary"), {"a"}) == [
+        "no Takeaway admonition (```{admonition} Takeaway ...)"
+    ]
+    assert any("folded" in p for p in check_act(good.replace("dropdown", "note"), {"a"}))
+    assert any("Exercises heading" in p for p in check_act(good.replace("Exercises", "X"), {"a"}))
+    assert check_act(good, set()) == ["cite keys not in references.bib: ['a']"]
+    assert check_act(good.replace("{cite}`a`", "a"), {"a"}) == ["no {cite} reference"]
+    assert bib_keys("@article{k1,\n title={x}}\n@misc{ k2 ,}") == {"k1", "k2"}
+    toc = {
+        "root": "intro",
+        "parts": [{"chapters": [{"file": "acts/a", "sections": [{"file": "n"}]}]}],
+    }
+    assert toc_entries(toc) == [("intro", None), ("acts/a", None), ("n", "acts/a")]
