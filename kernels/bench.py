@@ -172,7 +172,7 @@ def load_records(path: Path) -> list[dict]:
 def format_table(records: list[dict]) -> str:
     cols = ["bench", "variant", "shape", "dtype", "ms", "gbps", "tflops", "speedup", "ceiling_frac"]
     rows = [[str(r.get(c) if r.get(c) is not None else "-") for c in cols] for r in records]
-    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+    widths = [max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(cols)]
     out = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
     out += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
     return "\n".join(out)
@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict] = []
     for name in names:
         records += BENCHMARKS[name](args.quick or not device.GPU_MODE)
+    if not records:
+        print("no benchmark produced a record")
+        return 1
     print(format_table(records))
     if not device.GPU_MODE:
         print("CPU interpreter mode: these are not GPU numbers, so nothing is written to results/.")
@@ -227,4 +230,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run as `python -m kernels.bench`, this file is `__main__`, a module distinct from the
+    # `kernels.bench` that the benchmark modules register into: call that one's main.
+    from kernels.bench import main as _main
+
+    raise SystemExit(_main())

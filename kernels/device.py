@@ -11,9 +11,10 @@ import os
 import platform
 from dataclasses import dataclass
 
-import kernels  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
 import torch
 import triton
+
+import kernels  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
 
 GPU_MODE: bool = torch.cuda.is_available()
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"

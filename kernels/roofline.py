@@ -28,7 +28,7 @@ class Ceiling:
     measurement: bench.Measurement
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def copy_bandwidth(n_bytes: int | None = None) -> Ceiling:
     """Device-to-device copy of ``n_bytes`` (default 1 GiB on a GPU, 4 MiB on CPU)."""
     n_bytes = n_bytes or device.pick(2**30, 2**22)
@@ -47,7 +47,7 @@ _MATMUL_DTYPES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def matmul_peak(dtype: str = "bfloat16", n: int | None = None) -> Ceiling:
     """TFLOP/s of ``torch.matmul`` on ``n x n x n`` (default 8192 on a GPU, 256 on CPU).
 

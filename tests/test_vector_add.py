@@ -1,0 +1,69 @@
+import pytest
+import torch
+
+from kernels import device, vector_add
+
+SHAPES = [(1,), (7,), (1000,), (4096,), (4097,), (5, 123, 123), (1823, 781)]
+DTYPES = [  # (dtype, rtol, atol): the kernel adds in fp32 and rounds once, like the reference
+    (torch.float32, 0.0, 0.0),
+    (torch.float16, 0.0, 0.0),
+    # bf16: Triton's CPU interpreter rounds bf16 stores differently from the GPU (1 ulp).
+    (torch.bfloat16, 0.0 if device.GPU_MODE else 2**-7, 0.0 if device.GPU_MODE else 1e-5),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype, rtol, atol", DTYPES)
+def test_add_matches_reference(shape, dtype, rtol, atol):
+    x = torch.randn(shape, device=device.DEVICE, dtype=dtype)
+    y = torch.randn(shape, device=device.DEVICE, dtype=dtype)
+    out = vector_add.add(x, y)
+    assert out.shape == x.shape and out.dtype == dtype
+    torch.testing.assert_close(out, vector_add.add_ref(x, y), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("block_size, num_warps", [(128, 1), (1024, 4), (8192, 8)])
+def test_add_any_launch_config(block_size, num_warps):
+    x = torch.randn(3 * block_size + 5, device=device.DEVICE)
+    y = torch.randn_like(x)
+    out = vector_add.add(x, y, block_size=block_size, num_warps=num_warps)
+    torch.testing.assert_close(out, vector_add.add_ref(x, y), rtol=0, atol=0)
+
+
+def test_add_writes_every_element():
+    # Poison the output buffer's memory first: a tail the mask skips wrongly would keep NaNs.
+    n = 3 * 1024 + 1
+    poison = torch.full((n,), float("nan"), device=device.DEVICE)
+    del poison
+    x = torch.randn(n, device=device.DEVICE)
+    out = vector_add.add(x, x, block_size=1024)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, 2 * x)
+
+
+def test_add_empty():
+    x = torch.empty(0, device=device.DEVICE)
+    assert vector_add.add(x, x).numel() == 0
+
+
+@pytest.mark.parametrize(
+    "x, y, err, match",
+    [
+        (torch.zeros(4), torch.zeros(5), ValueError, "same shape"),
+        (torch.zeros(4), torch.zeros(4, dtype=torch.float64), TypeError, "y must have dtype"),
+        (torch.zeros(4, dtype=torch.int32), torch.zeros(4), TypeError, "x must have dtype"),
+        (torch.zeros(4), torch.zeros(4, dtype=torch.float16), TypeError, "same dtype"),
+        ([1.0, 2.0], torch.zeros(2), TypeError, "x must be a torch.Tensor"),
+        (torch.zeros(4, 4).t(), torch.zeros(4, 4), ValueError, "x must be contiguous"),
+    ],
+)
+def test_add_rejects_bad_input(x, y, err, match):
+    with pytest.raises(err, match=match):
+        vector_add.add(x, y)
+
+
+@pytest.mark.parametrize("kw", [{"block_size": 1000}, {"num_warps": 3}, {"block_size": 0}])
+def test_add_rejects_bad_launch_config(kw):
+    x = torch.zeros(8)
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        vector_add.add(x, x, **kw)
