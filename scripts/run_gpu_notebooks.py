@@ -28,7 +28,10 @@ def execute(path: Path, timeout: int) -> float:
     t0 = time.perf_counter()
     # kernel_name "python3" resolves to ipykernel in *this* interpreter (sys.executable).
     client = NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
     )
     client.execute()
     nbformat.write(nb, path)
