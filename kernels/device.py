@@ -71,7 +71,9 @@ def capabilities() -> Capabilities:
         l2_bytes=getattr(props, "L2_cache_size", 0),
         memory_bytes=props.total_memory,
         n_gpus=torch.cuda.device_count(),
-        bf16=torch.cuda.is_bf16_supported(),
+        # Native bf16 arithmetic arrived with Ampere (8.0). torch.cuda.is_bf16_supported() also says
+        # True on a T4 (7.5), where bf16 is emulated and slow: ask the architecture instead.
+        bf16=cc >= (8, 0) if not is_amd else torch.cuda.is_bf16_supported(),
         # fp8 tensor-core matmul: Ada (8.9) and Hopper (9.0) onwards on NVIDIA; MI300 (gfx942) on AMD.
         fp8=(cc >= (8, 9)) if not is_amd else "gfx94" in getattr(props, "gcnArchName", ""),
         # Volta (7.0) introduced tensor cores; AMD's matrix cores are there on every CDNA part.

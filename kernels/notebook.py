@@ -2,7 +2,8 @@
 
 ``glue(name, value)`` stores a value in a notebook's outputs under ``name`` exactly as
 ``myst_nb.glue(..., display=False)`` does, so the book's chapters can paste measured numbers and
-figures (``{glue:text}`notebooks/NB.ipynb::name` ``) instead of typing them. It works without myst_nb
+figures instead of typing them: from a chapter in acts/, ``{glue:text}`../notebooks/NB.ipynb::name:s` ``
+(the path is relative to the chapter; the trailing format spec is required). It works without myst_nb
 installed, which matters on GPU machines that only have torch.
 """
 
