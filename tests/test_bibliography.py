@@ -406,6 +406,26 @@ def cited_keys() -> dict[str, set[str]]:
     return sources
 
 
+def test_hardware_table_sources_exist(bib):
+    table = ROOT / "kernels" / "hardware.yaml"
+    if not table.exists():
+        pytest.skip("kernels/hardware.yaml not present")
+    yaml = pytest.importorskip("yaml")
+    data = yaml.safe_load(table.read_text(encoding="utf-8"))
+    keys = {
+        figure[1]
+        for gpu in data.values()
+        if isinstance(gpu, dict)
+        for figure in (gpu.get("figures") or {}).values()
+        if isinstance(figure, list) and len(figure) == 2
+    }
+    assert keys, "no figure sources found in kernels/hardware.yaml"
+    missing = sorted(k for k in keys if k not in bib.entries)
+    assert not missing, f"hardware.yaml cites keys missing from references.bib: {missing}"
+    bad_group = sorted(k for k in keys if bib.entries[k].fields["keywords"] != "hardware")
+    assert not bad_group, f"spec sources should be in the hardware group: {bad_group}"
+
+
 def test_cite_regex():
     assert CITE_RE.findall("see {cite}`a,b` and {cite:p}`c`") == ["a,b", "c"]
 
