@@ -69,6 +69,42 @@ def matmul_peak(dtype: str = "bfloat16", n: int | None = None) -> Ceiling:
     return Ceiling(f"matmul_{dtype}", m.tflops, (n, n, n), dtype, m)
 
 
+def fp8_matmul_peak(n: int | None = None) -> Ceiling:
+    """TFLOP/s of an fp8 (e4m3) ``n x n x n`` matmul through ``torch._scaled_mm`` (default 8192).
+
+    Per-tensor scales of 1, bf16 output, fast accumulation on: the setting inference kernels use, so
+    the roof fp8 work can reach. Needs a GPU with the ``fp8`` capability (Ada, Hopper or newer).
+    """
+    return _fp8_matmul_peak(n or 8192)
+
+
+@functools.cache
+def _fp8_matmul_peak(n: int) -> Ceiling:
+    if not (device.GPU_MODE and device.capabilities().fp8):
+        raise RuntimeError(
+            "fp8_matmul_peak needs a GPU with the fp8 capability (Ada, Hopper or newer)"
+        )
+    a, b = fp8_operands(n, n, n)
+    one = torch.ones((), device=device.DEVICE, dtype=torch.float32)  # per-tensor scales
+    m = bench.measure(lambda: fp8_matmul(a, b, one, one), flops=2 * n**3)
+    return Ceiling("matmul_fp8", m.tflops, (n, n, n), "fp8", m)
+
+
+def fp8_operands(m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random fp8 ``a: [m, k]`` (row-major) and ``b: [k, n]`` (column-major, as cuBLASLt wants)."""
+    f8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+    a = torch.randn(m, k, device=device.DEVICE).to(f8)
+    b = torch.randn(n, k, device=device.DEVICE).to(f8).t()
+    return a, b
+
+
+def fp8_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor):
+    """``(a * scale_a) @ (b * scale_b)`` in fp8 with fp32 accumulation, rounded to bf16."""
+    return torch._scaled_mm(
+        a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, use_fast_accum=True
+    )
+
+
 @bench.register("ceilings")
 def _bench_ceilings(quick: bool) -> list[dict]:
     """The measured roofs, each against its datasheet figure (ceiling_frac = measured / datasheet)."""
@@ -150,4 +186,56 @@ def plot_roofline(
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
+    return ax
+
+
+def plot_dtype_roofs(
+    ax,
+    *,
+    bandwidth_gbps: float,
+    peaks: dict[str, float],
+    datasheet_bandwidth_gbps: float | None = None,
+    datasheet_peaks: dict[str, float | None] | None = None,
+):
+    """One roof per dtype on ``ax`` (log-log): measured solid, datasheet dashed, same colour.
+
+    ``peaks`` maps a label (e.g. 'bf16') to its measured TFLOP/s; ``datasheet_peaks`` the same
+    labels to the datasheet figure (None where the source publishes none).
+    """
+    import numpy as np
+
+    x = np.logspace(-2, 4, 400)
+    for i, (label, peak) in enumerate(peaks.items()):
+        color = f"C{i}"
+        roof = np.minimum(bandwidth_gbps * 1e9 * x / 1e12, peak)
+        ax.loglog(x, roof, color=color, lw=2, label=f"{label}: measured {peak:,.0f}")
+        sheet = (datasheet_peaks or {}).get(label)
+        if sheet and datasheet_bandwidth_gbps:
+            roof = np.minimum(datasheet_bandwidth_gbps * 1e9 * x / 1e12, sheet)
+            ax.loglog(x, roof, color=color, ls="--", lw=1, label=f"{label}: datasheet {sheet:,.0f}")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=7, ncol=2)
+    return ax
+
+
+def plot_points(
+    ax,
+    points: list[tuple[str, float, float]],
+    *,
+    series: str,
+    marker: str = "o",
+    color: str | None = None,
+    annotate: bool = True,
+):
+    """Add a series of ``(label, arithmetic_intensity, achieved_tflops)`` points to a roofline,
+    joined by a thin line (sizes of one op walk along the roof), with one legend entry."""
+    xs = [p[1] for p in points]
+    ys = [p[2] for p in points]
+    (line,) = ax.loglog(xs, ys, marker=marker, ls="-", lw=0.6, ms=5, color=color, label=series)
+    if annotate:
+        for label, ai, tf in points:
+            offset = dict(textcoords="offset points", xytext=(4, -9))
+            ax.annotate(label, (ai, tf), fontsize=6, color=line.get_color(), **offset)
     return ax
