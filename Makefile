@@ -22,7 +22,9 @@ STAGE := tools/stage.sh
 # --all: a fresh Sphinx environment every time, so a warning cannot hide in an incremental build.
 JB_FLAGS ?= -W -n --keep-going --all
 LINT_PATHS := $(wildcard kernels tests notebooks scripts tools/*.py)
-PYTEST := $(BIN)/python -m pytest
+# Each pytest stage also writes a JUnit report; .ci/run adds them up into one closing line.
+REPORTS := _build/reports
+PYTEST = $(BIN)/python -m pytest --junitxml=$(REPORTS)/$@.xml
 NOTEBOOKS ?=
 ARGS ?=
 
