@@ -228,12 +228,15 @@ def plot_points(
     marker: str = "o",
     color: str | None = None,
     annotate: bool = True,
+    join: bool = True,
 ):
     """Add a series of ``(label, arithmetic_intensity, achieved_tflops)`` points to a roofline,
-    joined by a thin line (sizes of one op walk along the roof), with one legend entry."""
+    with one legend entry; ``join`` links them with a thin line (sizes of one op walking along
+    the roof), otherwise they stay separate markers (different ops of one family)."""
     xs = [p[1] for p in points]
     ys = [p[2] for p in points]
-    (line,) = ax.loglog(xs, ys, marker=marker, ls="-", lw=0.6, ms=5, color=color, label=series)
+    style = dict(ls="-", lw=0.6) if join else dict(ls="none")
+    (line,) = ax.loglog(xs, ys, marker=marker, ms=5, color=color, label=series, **style)
     if annotate:
         for label, ai, tf in points:
             offset = dict(textcoords="offset points", xytext=(4, -9))
