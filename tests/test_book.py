@@ -307,6 +307,25 @@ def test_act_page(path):
     assert not (problems := check_act(path.read_text(encoding="utf-8"), keys)), problems
 
 
+# --- README and Makefile ----------------------------------------------------------------------
+
+
+def test_readme_commands_exist():
+    """Every `make X` the README tells a reader to run is a Makefile target, and the files it
+    points at exist (the two commands, the GPU workflow's runner)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([\w-]+):", makefile, flags=re.MULTILINE))
+    assert {"venv", "book", "test", "lint", "bench", "gpu-notebooks"} <= targets, targets
+    told = set(re.findall(r"\bmake ([a-z][\w-]*)", readme))
+    assert {"book", "test"} <= told, "the README's two commands are make book and make test"
+    assert told <= targets, f"README names make targets that do not exist: {told - targets}"
+    assert "scripts/run_gpu_notebooks.py" in readme
+    for path in ("scripts/run_gpu_notebooks.py", "tools/vendor_mathjax.sh", ".ci/run"):
+        assert (ROOT / path).is_file(), f"{path} is missing"
+    assert "make test" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
 # --- the rules themselves ----------------------------------------------------------------------
 
 _PNG = base64.b64encode(b"\x89PNG" + b"\0" * (MAX_IMAGE_BYTES + 1)).decode()

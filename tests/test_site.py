@@ -162,6 +162,7 @@ async () => {
   const mj = window.MathJax;
   let mathjaxDone = false;
   if (mj && mj.startup && mj.startup.promise) { await mj.startup.promise; mathjaxDone = true; }
+  await document.fonts.ready;  // MathJax's and the theme's web fonts: a 404 shows up before close
   const imgs = Array.from(document.images);
   await Promise.all(imgs.map(img => img.complete ? null : new Promise(r => {
     img.addEventListener('load', r); img.addEventListener('error', r); setTimeout(r, 10000);
