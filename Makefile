@@ -59,6 +59,7 @@ book: venv mathjax
 # Debian's Chromium for the browser test (Playwright drives it; it never downloads a browser).
 chromium:
 	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ -n "$${GPU_BRRR_SKIP_BROWSER:-}" ]; then echo "GPU_BRRR_SKIP_BROWSER set: no browser test"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "$(CHROMIUM) not found: installing Debian's chromium"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
