@@ -1,0 +1,225 @@
+"""The SGEMM ladder: eight CUDA C++ kernels from naive to warp-tiled, one numbered file per step.
+
+``sgemm(a, b, step=8)`` computes ``a @ b`` (fp32, row-major) with the kernel of the given step. The
+sources (``sgemm_01_naive.cu`` ... ``sgemm_08_warptile.cu``) are concatenated and built once with
+``torch.utils.cpp_extension.load_inline`` for the GPU at hand; the build is cached on disk by torch, so
+later runs load it in a second. Building needs a CUDA GPU, nvcc and ninja; without them ``sgemm``
+raises ``RuntimeError`` with one line saying so (notebooks print it and move on).
+
+Steps 4-8 use tiles that must divide the matrix: other shapes are zero-padded here (a copy that
+costs time, so benchmarks use tile-multiple sizes and the padding is only for correctness).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kernels import _validate, device
+
+HERE = Path(__file__).resolve().parent
+SOURCES = [
+    "sgemm_common.cuh",
+    "sgemm_01_naive.cu",
+    "sgemm_02_coalesce.cu",
+    "sgemm_03_smem.cu",
+    "sgemm_04_blocktile_1d.cu",
+    "sgemm_05_blocktile_2d.cu",
+    "sgemm_06_vectorize.cu",
+    "sgemm_07_tuned.cu",
+    "sgemm_08_warptile.cu",
+]
+TUNED_JSON = HERE / "sgemm_07_tuned.json"
+
+
+@dataclass(frozen=True)
+class Step:
+    number: int
+    name: str
+    tile: tuple[int, int, int] | None  # (BM, BN, BK) the sizes must be multiples of; None: any size
+    idea: str
+
+
+STEPS = {
+    1: Step(1, "naive", None, "one thread per output, uncoalesced loads"),
+    2: Step(2, "coalesce", None, "warp reads consecutive columns: coalesced loads"),
+    3: Step(3, "shared memory", None, "32x32 tiles staged in shared memory"),
+    4: Step(4, "1D block-tiling", (64, 64, 8), "8 outputs per thread in a column"),
+    5: Step(5, "2D block-tiling", (128, 128, 8), "8x8 outputs per thread"),
+    6: Step(6, "vectorised", (128, 128, 8), "float4 loads/stores, A transposed in smem"),
+    7: Step(7, "tuned", None, "best tile shape from a search over valid configurations"),
+    8: Step(8, "warp-tiling", (128, 128, 16), "warp tiles between block and thread tiles"),
+}
+
+
+def _tune_configs() -> list[tuple[int, int, int, int, int]]:
+    """The step-7 search space, read from its single home: the X(...) list in sgemm_07_tuned.cu."""
+    text = (HERE / "sgemm_07_tuned.cu").read_text()
+    return [tuple(map(int, m)) for m in re.findall(r"X\((\d+), (\d+), (\d+), (\d+), (\d+)\)", text)]
+
+
+TUNE_CONFIGS = _tune_configs()  # (BM, BN, BK, TM, TN) in kernel index order
+
+
+def tuned_config(gpu_name: str | None = None) -> int:
+    """Index into TUNE_CONFIGS of the best configuration measured on this GPU (kernels.cuda.tune),
+    or of step 6's shape when this GPU has not been tuned."""
+    table = json.loads(TUNED_JSON.read_text()) if TUNED_JSON.exists() else {}
+    name = gpu_name or device.capabilities().name
+    if name in table:
+        return TUNE_CONFIGS.index(tuple(table[name]["config"]))
+    return TUNE_CONFIGS.index((128, 128, 8, 8, 8))
+
+
+def unavailable_reason() -> str | None:
+    """Why the CUDA ladder cannot run here, or None when it can."""
+    if not device.GPU_MODE or torch.version.cuda is None:
+        return "kernels.cuda needs an NVIDIA GPU with a CUDA build of PyTorch (none here)"
+    if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
+        return "kernels.cuda needs nvcc (the CUDA toolkit) to build its kernels"
+    return None
+
+
+def source() -> str:
+    """All kernel sources in build order (without the torch bindings)."""
+    return "\n".join((HERE / f).read_text() for f in SOURCES)
+
+
+@functools.cache
+def _module():
+    from torch.utils.cpp_extension import load_inline
+
+    reason = unavailable_reason()
+    if reason:
+        raise RuntimeError(reason)
+    major, minor = torch.cuda.get_device_capability()
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")  # build for this GPU only
+    return load_inline(
+        name="gpu_brrr_sgemm",
+        cpp_sources="torch::Tensor sgemm(torch::Tensor a, torch::Tensor b, int64_t step, int64_t config);",
+        cuda_sources=source() + "\n" + (HERE / "sgemm_bindings.cu").read_text(),
+        functions=["sgemm"],
+        extra_cuda_cflags=["-O3", "-lineinfo", "-std=c++17"],
+        verbose=False,
+    )
+
+
+def build() -> None:
+    """Compile (or load from torch's extension cache) the ladder now rather than at first use."""
+    _module()
+
+
+def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    if t.shape == (rows, cols):
+        return t
+    out = torch.zeros(rows, cols, device=t.device, dtype=t.dtype)
+    out[: t.shape[0], : t.shape[1]] = t
+    return out
+
+
+def sgemm(
+    a: torch.Tensor, b: torch.Tensor, step: int = 8, *, config: int | None = None
+) -> torch.Tensor:
+    """``a @ b`` for fp32 ``a[M, K]``, ``b[K, N]`` with ladder step ``step`` (1-8).
+
+    ``config`` picks a step-7 configuration (an index into ``TUNE_CONFIGS``); default: the tuned one.
+    """
+    _validate.tensor("a", a, dtypes=(torch.float32,), ndim=2)
+    _validate.tensor("b", b, dtypes=(torch.float32,), ndim=2)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a and b do not chain: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+    if a.device != b.device:
+        raise ValueError(f"a and b must be on one device, got {a.device} and {b.device}")
+    if not isinstance(step, int) or step not in STEPS:
+        raise ValueError(f"step must be an int in 1..8, got {step!r}")
+    if config is not None and (step != 7 or not 0 <= config < len(TUNE_CONFIGS)):
+        raise ValueError(f"config must index TUNE_CONFIGS (0..{len(TUNE_CONFIGS) - 1}) with step=7")
+    if a.device.type != "cuda":
+        raise ValueError(f"a and b must be CUDA tensors, got {a.device}")
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0 or K == 0:
+        return torch.zeros(M, N, device=a.device, dtype=a.dtype)
+    cfg = (tuned_config() if config is None else config) if step == 7 else -1
+    tile = TUNE_CONFIGS[cfg][:3] if step == 7 else STEPS[step].tile
+    if tile is None:  # steps 1-3 handle any shape themselves
+        return _module().sgemm(a, b, step, cfg)
+    bm, bn, bk = tile
+    mp, np_, kp = -(-M // bm) * bm, -(-N // bn) * bn, -(-K // bk) * bk
+    c = _module().sgemm(_pad(a, mp, kp), _pad(b, kp, np_), step, cfg)
+    return c[:M, :N] if (mp, np_) != (M, N) else c
+
+
+def sgemm_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fp64 reference, returned as fp32."""
+    return (a.double() @ b.double()).float()
+
+
+def tune(n: int = 4096, save: bool = True) -> list[dict]:
+    """Time every step-7 configuration at ``n x n x n`` on this GPU (each checked against cuBLAS
+    first); store the fastest in sgemm_07_tuned.json under the GPU's name. Returns all rows, fastest
+    first."""
+    from kernels import bench
+
+    a = torch.randn(n, n, device="cuda")
+    b = torch.randn(n, n, device="cuda")
+    ref = sgemm_ref(a, b)
+    rows = []
+    for i, cfg in enumerate(TUNE_CONFIGS):
+        out = sgemm(a, b, 7, config=i)
+        err = ((out - ref).norm() / ref.norm()).item()
+        if not err < 1e-5:
+            raise AssertionError(f"step-7 config {cfg} is wrong: relative error {err:.2e}")
+        m = bench.measure(lambda i=i: sgemm(a, b, 7, config=i), flops=2 * n**3)
+        rows.append({"config": list(cfg), "ms": m.ms, "tflops": m.tflops})
+    rows.sort(key=lambda r: r["ms"])
+    if save:
+        table = json.loads(TUNED_JSON.read_text()) if TUNED_JSON.exists() else {}
+        table[device.capabilities().name] = {"size": n, **rows[0], "searched": len(rows)}
+        TUNED_JSON.write_text(json.dumps(table, indent=1) + "\n")
+    return rows
+
+
+def _register_benchmark():
+    from kernels import bench
+
+    @bench.register("sgemm_ladder")
+    def _bench(quick: bool) -> list[dict]:
+        reason = unavailable_reason()
+        if reason:
+            print(f"sgemm_ladder skipped: {reason}")
+            return []
+        n = 4096
+        a = torch.randn(n, n, device="cuda")
+        b = torch.randn(n, n, device="cuda")
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False  # cuBLAS in true fp32, like the ladder
+        try:
+            cublas = bench.measure(lambda: a @ b, flops=2 * n**3)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+        recs = [bench.record("sgemm", "cublas", (n, n, n), "float32", cublas)]
+        for step in [3, 4, 5, 6, 7, 8] if quick else list(STEPS):
+            m = bench.measure(lambda s=step: sgemm(a, b, s), flops=2 * n**3)
+            recs.append(
+                bench.record(
+                    "sgemm",
+                    f"step{step}-{STEPS[step].name.replace(' ', '-')}",
+                    (n, n, n),
+                    "float32",
+                    m,
+                    baseline=("cublas", cublas),
+                    ceiling=("cublas_fp32", cublas.tflops),
+                )
+            )
+        return recs
+
+
+_register_benchmark()

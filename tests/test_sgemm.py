@@ -1,0 +1,113 @@
+"""The CUDA SGEMM ladder: every step compiles (with nvcc, no GPU needed), validates its input on any
+machine, and on a GPU matches an fp64 reference on odd shapes."""
+
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import kernels.cuda as ladder
+from kernels import device
+
+NVCC = shutil.which("nvcc")
+gpu = pytest.mark.skipif(
+    ladder.unavailable_reason() is not None, reason="needs a CUDA GPU and nvcc"
+)
+
+
+def _nvcc(arch: str, text: str, tmp_path) -> subprocess.CompletedProcess:
+    src = tmp_path / f"ladder_{arch}.cu"
+    src.write_text(text)
+    return subprocess.run(
+        [NVCC, "-std=c++17", "-O1", f"-arch={arch}", "-c", str(src), "-o", str(src) + ".o"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_ladder_compiles_for_sm90_and_sm75(tmp_path):
+    # sm_90 builds every step including all step-7 configurations (their static_asserts are the
+    # launch-configuration checks); sm_75 builds the steps without the search space, to stay quick.
+    no_search = "\n".join(
+        (ladder.HERE / f).read_text() for f in ladder.SOURCES if f != "sgemm_07_tuned.cu"
+    )
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [
+            pool.submit(_nvcc, "sm_90", ladder.source(), tmp_path),
+            pool.submit(_nvcc, "sm_75", no_search, tmp_path),
+        ]
+        for job in jobs:
+            proc = job.result()
+            assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_search_space_is_parsed_from_the_source():
+    assert len(ladder.TUNE_CONFIGS) >= 20
+    assert (128, 128, 8, 8, 8) in ladder.TUNE_CONFIGS
+    for bm, bn, bk, tm, tn in ladder.TUNE_CONFIGS:
+        threads = bm * bn // (tm * tn)
+        assert 64 <= threads <= 1024 and (bm + bn) * bk * 4 <= 48 * 1024
+
+
+def test_tuned_config_defaults_to_step6_shape():
+    assert ladder.TUNE_CONFIGS[ladder.tuned_config("a GPU nobody tuned")] == (128, 128, 8, 8, 8)
+
+
+@pytest.mark.parametrize(
+    "a, b, kw, err, match",
+    [
+        (torch.zeros(4, 3), torch.zeros(4, 3), {}, ValueError, "do not chain"),
+        (
+            torch.zeros(4, 4, dtype=torch.float16),
+            torch.zeros(4, 4),
+            {},
+            TypeError,
+            "a must have dtype",
+        ),
+        (torch.zeros(4), torch.zeros(4, 4), {}, ValueError, "a must be 2-D"),
+        (torch.zeros(4, 4), torch.zeros(4, 4).t(), {}, ValueError, "b must be contiguous"),
+        (torch.zeros(4, 4), torch.zeros(4, 4), {"step": 9}, ValueError, "step must be"),
+        (torch.zeros(4, 4), torch.zeros(4, 4), {"step": 7, "config": 10_000}, ValueError, "config"),
+        (torch.zeros(4, 4), torch.zeros(4, 4), {"step": 3, "config": 0}, ValueError, "config"),
+    ],
+)
+def test_sgemm_rejects_bad_input(a, b, kw, err, match):
+    with pytest.raises(err, match=match):
+        ladder.sgemm(a, b, **kw)
+
+
+@pytest.mark.skipif(device.GPU_MODE, reason="checks the CPU-only message")
+def test_sgemm_says_what_it_needs_without_a_gpu():
+    assert "GPU" in ladder.unavailable_reason()
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        ladder.sgemm(torch.zeros(2, 2), torch.zeros(2, 2))
+
+
+@gpu
+@pytest.mark.parametrize("step", list(ladder.STEPS))
+@pytest.mark.parametrize(
+    "mkn", [(1, 1, 1), (17, 33, 65), (127, 255, 129), (256, 128, 512), (1000, 300, 777)]
+)
+def test_sgemm_matches_fp64_reference(step, mkn):
+    m, k, n = mkn
+    a = torch.randn(m, k, device="cuda")
+    b = torch.randn(k, n, device="cuda")
+    out = ladder.sgemm(a, b, step)
+    ref = ladder.sgemm_ref(a, b)
+    assert out.shape == (m, n) and torch.isfinite(out).all()
+    # fp32 accumulation over K: relative error ~ sqrt(K) * 6e-8, far under 1e-5.
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@gpu
+def test_every_step7_config_is_correct():
+    a = torch.randn(256, 512, device="cuda")
+    b = torch.randn(512, 256, device="cuda")
+    ref = ladder.sgemm_ref(a, b)
+    for i, cfg in enumerate(ladder.TUNE_CONFIGS):
+        out = ladder.sgemm(a, b, 7, config=i)
+        assert ((out - ref).norm() / ref.norm()).item() < 1e-5, cfg
