@@ -183,7 +183,12 @@ def format_table(records: list[dict]) -> str:
 BenchFn = Callable[[bool], list[dict]]
 BENCHMARKS: dict[str, BenchFn] = {}
 # Modules whose import registers benchmarks (each calls ``register`` at import time).
-BENCH_MODULES = ["kernels.roofline", "kernels.vector_add", "kernels.perfmodel"]
+BENCH_MODULES = [
+    "kernels.roofline",
+    "kernels.vector_add",
+    "kernels.perfmodel",
+    "kernels.fusion",
+]
 
 
 def register(name: str) -> Callable[[BenchFn], BenchFn]:
