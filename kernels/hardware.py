@@ -133,11 +133,12 @@ def for_device() -> GPUSpec | None:
     return lookup(device.capabilities().name) if device.GPU_MODE else None
 
 
-def support_table(kind: str, gpus: list[str] | None = None) -> str:
+def support_table(kind: str, gpus: list[str] | None = None, *, cite: bool = False) -> str:
     """A Markdown table of ``kind`` ("formats" or "features") x GPU: a cell is ✓ or blank.
 
     ``gpus`` are hardware.yaml keys (default: every GPU, in file order). The last column lists the
-    bib keys the ticks come from, so the table can be checked against its sources.
+    bib keys the ticks come from, so the table can be checked against its sources; ``cite=True``
+    writes them as a MyST ``{cite:p}`` role, for a table glued into a chapter.
     """
     if kind not in ("formats", "features"):
         raise ValueError(f"kind must be 'formats' or 'features', got {kind!r}")
@@ -157,8 +158,9 @@ def support_table(kind: str, gpus: list[str] | None = None) -> str:
             continue
         label = name if kind == "formats" else f"`{name}`: {FEATURES[name]}"
         cells = ["✓" if name in have[g] else "" for g in gpus]
-        sources = sorted({have[g][name] for g in gpus if name in have[g]})
-        lines.append("| " + " | ".join([label, *cells, ", ".join(sources)]) + " |")
+        sources = ",".join(sorted({have[g][name] for g in gpus if name in have[g]}))
+        sources = f"{{cite:p}}`{sources}`" if cite else sources.replace(",", ", ")
+        lines.append("| " + " | ".join([label, *cells, sources]) + " |")
     return "\n".join(lines)
 
 

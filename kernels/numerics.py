@@ -145,7 +145,8 @@ def _round_grid(
         big = r > max_value
         fill = {"inf": math.inf, "saturate": max_value}[overflow]
         r = torch.where(big, torch.full_like(r, fill), r)
-    r = torch.where(torch.isnan(x) | torch.isinf(x), ax, r)
+    # inf and NaN need no special case: inf / spacing stays inf (then overflows as above), NaN
+    # stays NaN through every step.
     return torch.copysign(r, x)
 
 
@@ -367,12 +368,14 @@ def _library() -> str:
     return "hipBLASLt" if torch.version.hip else "cuBLAS"
 
 
-def _native_tf32() -> bool:
+def native_tf32() -> bool:
+    """Whether ``matmul(..., "tf32")`` runs on TF32 tensor cores here (NVIDIA, Ampere or newer)."""
     cap = device.capabilities()
     return device.GPU_MODE and cap.vendor == "NVIDIA" and cap.compute_capability >= (8, 0)
 
 
-def _native_fp8() -> bool:
+def native_fp8() -> bool:
+    """Whether ``matmul(..., "fp8_e4m3")`` runs ``torch._scaled_mm`` on fp8 tensor cores here."""
     # MI300 multiplies the "fnuz" fp8 variants, not the OCP e4m3fn this lab uses: emulate there.
     cap = device.capabilities()
     return device.GPU_MODE and cap.fp8 and cap.vendor == "NVIDIA"
@@ -421,7 +424,7 @@ def matmul(
         raise ValueError("fp8_fast_accum applies to fmt='fp8_e4m3' only")
     lib = _library()
 
-    if fmt == "fp32" or (fmt == "tf32" and _native_tf32()):
+    if fmt == "fp32" or (fmt == "tf32" and native_tf32()):
         tf32 = fmt == "tf32"
         with cublas_flags(allow_tf32=tf32):
             out = a @ b
@@ -456,7 +459,7 @@ def matmul(
     # fp8 e4m3 with per-tensor scales
     qa, qb = quantize(a, fmt), quantize(b, fmt)
     a_in, b_in = qa.dequantize(), qb.dequantize()
-    if _native_fp8():
+    if native_fp8():
         m, n = a.shape[0], b.shape[1]
         # _scaled_mm wants the second operand column-major: transpose a contiguous transpose.
         b_cm = _pad16(qb.values.t().contiguous()).t()
@@ -475,6 +478,22 @@ def matmul(
     with cublas_flags(allow_tf32=False):
         out = a_in @ b_in
     return MatmulResult(out, "emulated: fp8 values dequantized to fp32, fp32 matmul", a_in, b_in)
+
+
+def library_error_band(fmt: str, k: int) -> tuple[float, float]:
+    """The band a library product's total relative error should fall in, for zero-mean i.i.d.
+    inputs (Gaussian or Student-t) and reduction length ``k``.
+
+    Rounding each input to a format with unit roundoff u gives every product a random relative
+    error of roughly u/2 per operand; summed over k products with random signs, the error and the
+    result both grow like √k, so the relative error stays near 0.5-1 u whatever k is. fp16/bf16
+    paths also round their output (up to u more). fp32 accumulation adds at most about √k·u_fp32.
+    So: low = u/4 (the format really was applied), high = 2u + 2·√k·u_fp32. fp32 inputs are
+    exact, so fp32's own band is [0, 2·√k·u_fp32].
+    """
+    u32 = FORMATS["fp32"].unit_roundoff
+    u = 0.0 if fmt == "fp32" else get_format(fmt).unit_roundoff
+    return u / 4, 2 * u + 2 * math.sqrt(k) * u32
 
 
 def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -213,14 +213,6 @@ def test_rel_error_and_slope():
 
 # --- library matmul ------------------------------------------------------------------------------
 
-BANDS = {  # relative error of a K ~ 1000 product of N(0, 1) data, against fp64 of the fp32 inputs
-    "fp32": (0, 1e-5),
-    "tf32": (1e-5, 2e-3),
-    "bf16": (5e-4, 1.5e-2),
-    "fp16": (5e-5, 2e-3),
-    "fp8_e4m3": (5e-3, 1e-1),
-}
-
 
 @pytest.mark.parametrize("fmt", numerics.MATMUL_FORMATS)
 @pytest.mark.parametrize("shape", [(37, 1031, 29), (1, 4099, 1), (64, 512, 48)])
@@ -230,7 +222,7 @@ def test_matmul_error_in_band(fmt, shape):
     r = numerics.matmul(a, b, fmt)
     assert r.out.shape == (m, n)
     err = numerics.rel_error(r.out, numerics.reference(a, b))
-    low, high = BANDS[fmt]
+    low, high = numerics.library_error_band(fmt, k)
     # One dot product is one random draw: only the upper bound holds for every draw.
     numerics.assert_in_band(err, low if m * n >= 64 else 0, high, f"{fmt} {shape}")
     # the inputs the path reports are the ones it multiplied
@@ -238,9 +230,9 @@ def test_matmul_error_in_band(fmt, shape):
     assert acc <= err * 1.01 + 1e-6
     emulated = "emulated" in r.path
     if fmt == "fp8_e4m3":
-        assert emulated != numerics._native_fp8()
+        assert emulated != numerics.native_fp8()
     if fmt == "tf32":
-        assert emulated != numerics._native_tf32()
+        assert emulated != numerics.native_tf32()
 
 
 def test_matmul_bad_input():
@@ -269,7 +261,7 @@ def test_cublas_flags_are_restored():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not numerics._native_fp8(), reason="needs fp8 tensor cores")
+@pytest.mark.skipif(not numerics.native_fp8(), reason="needs fp8 tensor cores")
 def test_scaled_mm_matches_emulation_and_fast_accum_loses_bits():
     a, b = numerics.make_inputs(256, 8192, 256, seed=5)
     exact = numerics.matmul(a, b, "fp8_e4m3")
@@ -350,6 +342,15 @@ def test_emulated_bad_input():
         numerics.emulated_matmul(a, b, accumulator="fp16", mode="truncate")
     with pytest.raises(ValueError, match="group must"):
         numerics.emulated_matmul(a, b, group=0)
+
+
+def test_library_error_band():
+    assert numerics.library_error_band("fp32", 8192)[0] == 0
+    assert numerics.library_error_band("fp32", 8192)[1] < 1.1e-5
+    low, high = numerics.library_error_band("bf16", 8192)
+    assert low == 2**-8 / 4 and 7e-3 < high < 1e-2
+    with pytest.raises(ValueError, match="fmt must"):
+        numerics.library_error_band("fp12", 10)
 
 
 def test_error_models():
