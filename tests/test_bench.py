@@ -88,6 +88,9 @@ def test_module_entry_point_sees_the_registered_benchmarks():
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "kernels.bench", "--list"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "kernels.bench", "--list"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     assert {"vector_add", "ceilings"} <= set(out)
