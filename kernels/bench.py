@@ -188,6 +188,8 @@ BENCH_MODULES = [
     "kernels.vector_add",
     "kernels.perfmodel",
     "kernels.fusion",
+    "kernels.cuda",
+    "kernels.matmul",
 ]
 
 
