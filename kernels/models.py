@@ -42,7 +42,7 @@ def _check_input(x, d_model: int, *, ndim: int | None = None) -> None:
 
 
 def layer_norm_decomposed(x: torch.Tensor, weight, bias, eps: float) -> torch.Tensor:
-    """LayerNorm from elementary ops (fp32 statistics, like ``F.layer_norm``): about ten kernels."""
+    """LayerNorm from elementary ops (fp32 statistics, like ``F.layer_norm``): about a dozen kernels."""
     xf = x.float()
     mean = xf.mean(-1, keepdim=True)
     centred = xf - mean
