@@ -107,6 +107,24 @@ FORMATS: dict[str, FloatFormat] = {
 }
 
 
+def formats_table() -> str:
+    """The Markdown table of FORMATS that the notebook shows and the chapter reproduces verbatim
+    (tests/test_numerics.py checks that the chapter's copy is current)."""
+    rows = [
+        "| format | bits: sign.exp.mant | precision p | unit roundoff u | max | min normal "
+        "| min subnormal | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in FORMATS.values():
+        rows.append(
+            f"| {f.name} | {f.bits}: 1.{f.exponent_bits}.{f.mantissa_bits} | {f.precision} | "
+            f"$2^{{-{f.precision}}}$ ≈ {f.unit_roundoff:.1e} | "
+            f"{f'{f.max:.6g}' if f.max < 1e6 else f'{f.max:.4g}'} | {f.min_normal:.3g} | "
+            f"{f.min_subnormal:.3g} | {f.note} |"
+        )
+    return "\n".join(rows)
+
+
 def get_format(fmt: str | FloatFormat) -> FloatFormat:
     if isinstance(fmt, FloatFormat):
         return fmt

@@ -136,3 +136,13 @@ def test_this_gpu_agrees_with_the_table():
     if spec is None:
         pytest.skip("this GPU is not in hardware.yaml")
     assert hardware.check_against_device(spec, device.capabilities()) == []
+
+
+def test_support_table_cites_and_chapter_copy_is_current():
+    short = ["V100-SXM2", "A100-SXM4-80GB", "H100-SXM", "B200", "MI300X"]
+    cited = hardware.support_table("features", short, cite=True)
+    assert "{cite:p}`tran2025tcgen05`" in cited
+    # The Act 1.5 chapter pastes both short tables; regenerate them there when the YAML changes.
+    chapter = (ROOT / "acts" / "act1-5-moving-target.md").read_text(encoding="utf-8")
+    for kind in ("formats", "features"):
+        assert hardware.support_table(kind, short, cite=True) in chapter, kind

@@ -6,6 +6,7 @@ products for every error.
 """
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import torch
 from kernels import device, numerics
 
 DEV = device.DEVICE
+ROOT = Path(__file__).resolve().parents[1]
 TORCH_FORMATS = ["fp64", "fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"]
 
 
@@ -356,3 +358,12 @@ def test_library_error_band():
 def test_error_models():
     m = numerics.error_models("fp16", [1, 4])
     assert m == {"sqrtK_u": [2**-11, 2**-10], "K_u": [2**-11, 2**-9]}
+
+
+def test_formats_table_and_chapter_copy_is_current():
+    table = numerics.formats_table()
+    assert len(table.splitlines()) == 2 + len(numerics.FORMATS)
+    assert "| fp8_e4m3 | 8: 1.4.3 | 4 |" in table and "| 448 |" in table
+    # The Act 1.5 chapter pastes this table; regenerate it there when FORMATS changes.
+    chapter = (ROOT / "acts" / "act1-5-moving-target.md").read_text(encoding="utf-8")
+    assert table in chapter
