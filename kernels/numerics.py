@@ -400,9 +400,15 @@ def native_fp8() -> bool:
 
 
 def _pad16(t: torch.Tensor) -> torch.Tensor:
-    """Zero-pad both dims to multiples of 16 (torch._scaled_mm's constraint); zeros add nothing."""
+    """Zero-pad both dims to multiples of 16 (torch._scaled_mm's constraint); zeros add nothing.
+
+    The padding is done in float32 and cast back, which is exact for fp8 values and needs no
+    fp8 fill kernel.
+    """
     r, c = t.shape
-    return torch.nn.functional.pad(t, (0, -c % 16, 0, -r % 16))
+    if r % 16 == 0 and c % 16 == 0:
+        return t
+    return torch.nn.functional.pad(t.float(), (0, -c % 16, 0, -r % 16)).to(t.dtype)
 
 
 def matmul(

@@ -227,9 +227,12 @@ def test_matmul_error_in_band(fmt, shape):
     low, high = numerics.library_error_band(fmt, k)
     # One dot product is one random draw: only the upper bound holds for every draw.
     numerics.assert_in_band(err, low if m * n >= 64 else 0, high, f"{fmt} {shape}")
-    # the inputs the path reports are the ones it multiplied
+    # The inputs the path reports are the ones it multiplied: what is left is the summation,
+    # smaller than the total (over many outputs; one dot product's errors may cancel). cuBLAS
+    # converts fp32 to tf32 itself, so its "inputs" are our guess there.
     acc = numerics.rel_error(r.out, numerics.reference(r.a_in, r.b_in))
-    assert acc <= err * 1.01 + 1e-6
+    if m * n >= 64 and not (fmt == "tf32" and numerics.native_tf32()):
+        assert acc <= err * 1.01 + 1e-6
     emulated = "emulated" in r.path
     if fmt == "fp8_e4m3":
         assert emulated != numerics.native_fp8()
@@ -268,10 +271,16 @@ def test_scaled_mm_matches_emulation_and_fast_accum_loses_bits():
     a, b = numerics.make_inputs(256, 8192, 256, seed=5)
     exact = numerics.matmul(a, b, "fp8_e4m3")
     ref = numerics.reference(exact.a_in, exact.b_in)
-    # the fp8 values and scales are exact: only accumulation separates _scaled_mm from fp64
-    assert numerics.rel_error(exact.out, ref) < 1e-5
+    # The fp8 values and scales are exact: only accumulation separates _scaled_mm from fp64, and
+    # with periodic promotion to fp32 (use_fast_accum=False) it costs little.
+    e_exact = numerics.rel_error(exact.out, ref)
+    assert e_exact < 1e-3
     fast = numerics.matmul(a, b, "fp8_e4m3", fp8_fast_accum=True)
-    assert numerics.rel_error(fast.out, ref) < 5e-2
+    e_fast = numerics.rel_error(fast.out, ref)
+    assert e_fast < 5e-2
+    if device.capabilities().compute_capability < (10, 0):
+        # Ada and Hopper: fast accumulation keeps the tensor cores' ~14-bit sums, no promotion.
+        assert e_fast > 3 * e_exact
 
 
 # --- emulated accumulation -----------------------------------------------------------------------
