@@ -143,6 +143,9 @@ def test_support_table_cites_and_chapter_copy_is_current():
     cited = hardware.support_table("features", short, cite=True)
     assert "{cite:p}`tran2025tcgen05`" in cited
     # The Act 1.5 chapter pastes both short tables; regenerate them there when the YAML changes.
-    chapter = (ROOT / "acts" / "act1-5-moving-target.md").read_text(encoding="utf-8")
+    path = ROOT / "acts" / "act1-5-moving-target.md"
+    if not path.exists():
+        pytest.skip("the Act 1.5 chapter is parked until its GPU run")
+    chapter = path.read_text(encoding="utf-8")
     for kind in ("formats", "features"):
         assert hardware.support_table(kind, short, cite=True) in chapter, kind
