@@ -31,11 +31,13 @@ def test_add_any_launch_config(block_size, num_warps):
 
 
 def test_add_writes_every_element():
-    # Poison the output buffer's memory first: a tail the mask skips wrongly would keep NaNs.
+    # Inputs first, then a NaN-filled block of the output's size is freed just before the launch:
+    # on a GPU the caching allocator hands that block to `out`, so an element the mask wrongly skips
+    # keeps its NaN.
     n = 3 * 1024 + 1
+    x = torch.randn(n, device=device.DEVICE)
     poison = torch.full((n,), float("nan"), device=device.DEVICE)
     del poison
-    x = torch.randn(n, device=device.DEVICE)
     out = vector_add.add(x, x, block_size=1024)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, 2 * x)
