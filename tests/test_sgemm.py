@@ -30,10 +30,12 @@ def _nvcc(arch: str, text: str, tmp_path) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_ladder_compiles_for_sm90_and_sm75(tmp_path):
-    # sm_90 builds every step including all step-7 configurations (their static_asserts are the
-    # launch-configuration checks); sm_75 builds the steps without the search space, to stay quick.
+    # sm_90 builds every step including every configuration of the searched steps 7 and 8 (their
+    # static_asserts are the launch-configuration checks); sm_75 builds steps 1-6, to stay quick.
     no_search = "\n".join(
-        (ladder.HERE / f).read_text() for f in ladder.SOURCES if f != "sgemm_07_tuned.cu"
+        (ladder.HERE / f).read_text()
+        for f in ladder.SOURCES
+        if f not in ("sgemm_07_tuned.cu", "sgemm_08_warptile.cu")
     )
     with ThreadPoolExecutor(2) as pool:
         jobs = [
@@ -53,8 +55,31 @@ def test_search_space_is_parsed_from_the_source():
         assert 64 <= threads <= 1024 and (bm + bn) * bk * 4 <= 48 * 1024
 
 
-def test_tuned_config_defaults_to_step6_shape():
-    assert ladder.TUNE_CONFIGS[ladder.tuned_config("a GPU nobody tuned")] == (128, 128, 8, 8, 8)
+def test_warptile_search_space_is_parsed_and_valid():
+    assert len(ladder.WARPTILE_CONFIGS) >= 16
+    assert ladder.DEFAULT_CONFIGS[8] in ladder.WARPTILE_CONFIGS
+    for bm, bn, bk, wm, wn, wniter, tm, tn, db in ladder.WARPTILE_CONFIGS:
+        threads = (bm // wm) * (bn // wn) * 32
+        wmiter = wm * wn // (32 * tm * tn * wniter)
+        assert bm % wm == 0 and bn % wn == 0 and 64 <= threads <= 1024
+        assert wmiter >= 1 and (wm // wmiter // tm) * (wn // wniter // tn) == 32
+        assert db in (0, 1) and (1 + db) * (bm + bn) * bk * 4 <= 48 * 1024
+    # both variants of the original shape are searched, so the effect of double buffering shows
+    assert {
+        c[-1] for c in ladder.WARPTILE_CONFIGS if c[:-1] == (128, 128, 16, 64, 64, 4, 8, 4)
+    } == {0, 1}
+
+
+@pytest.mark.parametrize("step", [7, 8])
+def test_tuned_config_defaults_without_a_tuning(step):
+    idx = ladder.tuned_config(step, "a GPU nobody tuned")
+    assert ladder.SEARCH_SPACES[step][idx] == ladder.DEFAULT_CONFIGS[step]
+    assert ladder.DEFAULT_CONFIGS[7] == (128, 128, 8, 8, 8)  # step 6's shape
+
+
+def test_tuned_config_rejects_an_unsearched_step():
+    with pytest.raises(ValueError, match="step"):
+        ladder.tuned_config(5)
 
 
 @pytest.mark.parametrize(
@@ -73,6 +98,7 @@ def test_tuned_config_defaults_to_step6_shape():
         (torch.zeros(4, 4), torch.zeros(4, 4), {"step": 9}, ValueError, "step must be"),
         (torch.zeros(4, 4), torch.zeros(4, 4), {"step": 7, "config": 10_000}, ValueError, "config"),
         (torch.zeros(4, 4), torch.zeros(4, 4), {"step": 3, "config": 0}, ValueError, "config"),
+        (torch.zeros(4, 4), torch.zeros(4, 4), {"step": 8, "config": -1}, ValueError, "config"),
     ],
 )
 def test_sgemm_rejects_bad_input(a, b, kw, err, match):
@@ -104,10 +130,11 @@ def test_sgemm_matches_fp64_reference(step, mkn):
 
 
 @gpu
-def test_every_step7_config_is_correct():
+@pytest.mark.parametrize("step", [7, 8])
+def test_every_searched_config_is_correct(step):
     a = torch.randn(256, 512, device="cuda")
     b = torch.randn(512, 256, device="cuda")
     ref = ladder.sgemm_ref(a, b)
-    for i, cfg in enumerate(ladder.TUNE_CONFIGS):
-        out = ladder.sgemm(a, b, 7, config=i)
+    for i, cfg in enumerate(ladder.SEARCH_SPACES[step]):
+        out = ladder.sgemm(a, b, step, config=i)
         assert ((out - ref).norm() / ref.norm()).item() < 1e-5, cfg

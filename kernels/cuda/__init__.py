@@ -36,7 +36,7 @@ SOURCES = [
     "sgemm_07_tuned.cu",
     "sgemm_08_warptile.cu",
 ]
-TUNED_JSON = HERE / "sgemm_07_tuned.json"
+TUNED_JSON = HERE / "sgemm_tuned.json"  # {gpu name: {"step7": {...}, "step8": {...}}}
 
 
 @dataclass(frozen=True)
@@ -55,27 +55,37 @@ STEPS = {
     5: Step(5, "2D block-tiling", (128, 128, 8), "8x8 outputs per thread"),
     6: Step(6, "vectorised", (128, 128, 8), "float4 loads/stores, A transposed in smem"),
     7: Step(7, "tuned", None, "best tile shape from a search over valid configurations"),
-    8: Step(8, "warp-tiling", (128, 128, 16), "warp tiles between block and thread tiles"),
+    8: Step(8, "warp-tiling", None, "warp tiles between block and thread tiles, double-buffered"),
 }
 
 
-def _tune_configs() -> list[tuple[int, int, int, int, int]]:
-    """The step-7 search space, read from its single home: the X(...) list in sgemm_07_tuned.cu."""
-    text = (HERE / "sgemm_07_tuned.cu").read_text()
-    return [tuple(map(int, m)) for m in re.findall(r"X\((\d+), (\d+), (\d+), (\d+), (\d+)\)", text)]
+def _search_space(filename: str, macro: str) -> list[tuple[int, ...]]:
+    """A searched step's configurations, read from their single home: the X(...) list in its .cu."""
+    text = (HERE / filename).read_text()
+    body = text[text.index(f"#define {macro}(X)") :].split("// clang-format on")[0]
+    return [tuple(map(int, m.split(","))) for m in re.findall(r"X\(([\d, ]+)\)", body)]
 
 
-TUNE_CONFIGS = _tune_configs()  # (BM, BN, BK, TM, TN) in kernel index order
+TUNE_CONFIGS = _search_space("sgemm_07_tuned.cu", "SGEMM_TUNE_CONFIGS")  # (BM, BN, BK, TM, TN)
+# (BM, BN, BK, WM, WN, WNITER, TM, TN, DB): DB = 1 double-buffers shared memory
+WARPTILE_CONFIGS = _search_space("sgemm_08_warptile.cu", "SGEMM_WARPTILE_CONFIGS")
+SEARCH_SPACES = {7: TUNE_CONFIGS, 8: WARPTILE_CONFIGS}
+DEFAULT_CONFIGS = {7: (128, 128, 8, 8, 8), 8: (128, 128, 16, 64, 64, 4, 8, 4, 1)}
 
 
-def tuned_config(gpu_name: str | None = None) -> int:
-    """Index into TUNE_CONFIGS of the best configuration measured on this GPU (kernels.cuda.tune),
-    or of step 6's shape when this GPU has not been tuned."""
+def tuned_config(step: int = 7, gpu_name: str | None = None) -> int:
+    """Index into ``SEARCH_SPACES[step]`` of the best configuration measured on this GPU
+    (kernels.cuda.tune), or of the default shape when this GPU has not been tuned."""
+    if step not in SEARCH_SPACES:
+        raise ValueError(
+            f"step must be one of the searched steps {sorted(SEARCH_SPACES)}, got {step!r}"
+        )
     table = json.loads(TUNED_JSON.read_text()) if TUNED_JSON.exists() else {}
     name = gpu_name or device.capabilities().name
-    if name in table:
-        return TUNE_CONFIGS.index(tuple(table[name]["config"]))
-    return TUNE_CONFIGS.index((128, 128, 8, 8, 8))
+    entry = table.get(name, {}).get(f"step{step}")
+    if entry is not None and tuple(entry["config"]) in SEARCH_SPACES[step]:
+        return SEARCH_SPACES[step].index(tuple(entry["config"]))
+    return SEARCH_SPACES[step].index(DEFAULT_CONFIGS[step])
 
 
 def unavailable_reason() -> str | None:
@@ -129,7 +139,8 @@ def sgemm(
 ) -> torch.Tensor:
     """``a @ b`` for fp32 ``a[M, K]``, ``b[K, N]`` with ladder step ``step`` (1-8).
 
-    ``config`` picks a step-7 configuration (an index into ``TUNE_CONFIGS``); default: the tuned one.
+    ``config`` picks a configuration of a searched step (7 or 8: an index into
+    ``SEARCH_SPACES[step]``); default: the one tuned for this GPU.
     """
     _validate.tensor("a", a, dtypes=(torch.float32,), ndim=2)
     _validate.tensor("b", b, dtypes=(torch.float32,), ndim=2)
@@ -139,16 +150,22 @@ def sgemm(
         raise ValueError(f"a and b must be on one device, got {a.device} and {b.device}")
     if not isinstance(step, int) or step not in STEPS:
         raise ValueError(f"step must be an int in 1..8, got {step!r}")
-    if config is not None and (step != 7 or not 0 <= config < len(TUNE_CONFIGS)):
-        raise ValueError(f"config must index TUNE_CONFIGS (0..{len(TUNE_CONFIGS) - 1}) with step=7")
+    if config is not None and (
+        step not in SEARCH_SPACES or not 0 <= config < len(SEARCH_SPACES[step])
+    ):
+        raise ValueError(
+            f"config must index SEARCH_SPACES[step] and step must be one of {sorted(SEARCH_SPACES)}; "
+            f"got step={step}, config={config!r}"
+        )
     if a.device.type != "cuda":
         raise ValueError(f"a and b must be CUDA tensors, got {a.device}")
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
         return torch.zeros(M, N, device=a.device, dtype=a.dtype)
-    cfg = (tuned_config() if config is None else config) if step == 7 else -1
-    tile = TUNE_CONFIGS[cfg][:3] if step == 7 else STEPS[step].tile
+    searched = step in SEARCH_SPACES
+    cfg = (tuned_config(step) if config is None else config) if searched else -1
+    tile = SEARCH_SPACES[step][cfg][:3] if searched else STEPS[step].tile
     if tile is None:  # steps 1-3 handle any shape themselves
         return _module().sgemm(a, b, step, cfg)
     bm, bn, bk = tile
@@ -162,28 +179,33 @@ def sgemm_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.double() @ b.double()).float()
 
 
-def tune(n: int = 4096, save: bool = True) -> list[dict]:
-    """Time every step-7 configuration at ``n x n x n`` on this GPU (each checked against cuBLAS
-    first); store the fastest in sgemm_07_tuned.json under the GPU's name. Returns all rows, fastest
-    first."""
+def tune(step: int = 7, n: int = 4096, save: bool = True) -> list[dict]:
+    """Time every configuration of a searched step (7 or 8) at ``n x n x n`` on this GPU, each
+    checked against an fp64 reference first; store the fastest in sgemm_tuned.json under the GPU's
+    name. Returns all rows, fastest first."""
     from kernels import bench
 
+    if step not in SEARCH_SPACES:
+        raise ValueError(
+            f"step must be one of the searched steps {sorted(SEARCH_SPACES)}, got {step!r}"
+        )
     a = torch.randn(n, n, device="cuda")
     b = torch.randn(n, n, device="cuda")
     ref = sgemm_ref(a, b)
     rows = []
-    for i, cfg in enumerate(TUNE_CONFIGS):
-        out = sgemm(a, b, 7, config=i)
+    for i, cfg in enumerate(SEARCH_SPACES[step]):
+        out = sgemm(a, b, step, config=i)
         err = ((out - ref).norm() / ref.norm()).item()
         if not err < 1e-5:
-            raise AssertionError(f"step-7 config {cfg} is wrong: relative error {err:.2e}")
-        m = bench.measure(lambda i=i: sgemm(a, b, 7, config=i), flops=2 * n**3)
+            raise AssertionError(f"step-{step} config {cfg} is wrong: relative error {err:.2e}")
+        m = bench.measure(lambda i=i: sgemm(a, b, step, config=i), flops=2 * n**3)
         rows.append({"config": list(cfg), "ms": m.ms, "tflops": m.tflops})
     rows.sort(key=lambda r: r["ms"])
     if save:
         table = json.loads(TUNED_JSON.read_text()) if TUNED_JSON.exists() else {}
-        table[device.capabilities().name] = {"size": n, **rows[0], "searched": len(rows)}
-        TUNED_JSON.write_text(json.dumps(table, indent=1) + "\n")
+        entry = {"size": n, **rows[0], "searched": len(rows)}
+        table.setdefault(device.capabilities().name, {})[f"step{step}"] = entry
+        TUNED_JSON.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     return rows
 
 

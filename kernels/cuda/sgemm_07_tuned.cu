@@ -4,7 +4,7 @@
 // constraints (checked by static_asserts in launch_vectorize: whole float4 load passes, 64-1024
 // threads, at most 48 KiB of static shared memory) and time them all on the GPU at hand
 // (kernels.cuda.tune()). The list is the search space; the winner per GPU is stored in
-// kernels/cuda/sgemm_07_tuned.json and used by step 7.
+// kernels/cuda/sgemm_tuned.json and used by step 7.
 // clang-format off
 #define SGEMM_TUNE_CONFIGS(X) \
   X(64, 64, 8, 8, 8) \

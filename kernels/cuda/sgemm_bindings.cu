@@ -24,10 +24,10 @@ torch::Tensor sgemm(torch::Tensor a, torch::Tensor b, int64_t step, int64_t conf
     case 5: info = sgemm_05(M, N, K, A, B, C, s); break;
     case 6: info = sgemm_06(M, N, K, A, B, C, s); break;
     case 7: info = sgemm_07(config, M, N, K, A, B, C, s); break;
-    case 8: info = sgemm_08(M, N, K, A, B, C, s); break;
+    case 8: info = sgemm_08(config, M, N, K, A, B, C, s); break;
     default: TORCH_CHECK(false, "step must be 1..8, got ", step);
   }
-  TORCH_CHECK(info.block > 0, "unknown step-7 configuration ", config);
+  TORCH_CHECK(info.block > 0, "unknown configuration ", config);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return c;
 }
