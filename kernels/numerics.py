@@ -504,7 +504,7 @@ def matmul(
     return MatmulResult(out, "emulated: fp8 values dequantized to fp32, fp32 matmul", a_in, b_in)
 
 
-def library_error_band(fmt: str, k: int) -> tuple[float, float]:
+def library_error_band(fmt: str, k: int, *, reduced_reduction: bool = False) -> tuple[float, float]:
     """The band a library product's total relative error should fall in, for zero-mean i.i.d.
     inputs (Gaussian or Student-t) and reduction length ``k``.
 
@@ -514,10 +514,15 @@ def library_error_band(fmt: str, k: int) -> tuple[float, float]:
     paths also round their output (up to u more). fp32 accumulation adds at most about √k·u_fp32.
     So: low = u/4 (the format really was applied), high = 2u + 2·√k·u_fp32. fp32 inputs are
     exact, so fp32's own band is [0, 2·√k·u_fp32].
+
+    ``reduced_reduction=True`` is for fp16/bf16 GEMMs run with torch's
+    ``allow_{fp16,bf16}_reduced_precision_reduction`` (on by default): cuBLAS may then split K
+    and round each partial sum to the 16-bit format before adding them, about one more u.
     """
     u32 = FORMATS["fp32"].unit_roundoff
     u = 0.0 if fmt == "fp32" else get_format(fmt).unit_roundoff
-    return u / 4, 2 * u + 2 * math.sqrt(k) * u32
+    extra = u if reduced_reduction and fmt in ("bf16", "fp16") else 0.0
+    return u / 4, 2 * u + extra + 2 * math.sqrt(k) * u32
 
 
 def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
