@@ -190,6 +190,7 @@ BENCH_MODULES = [
     "kernels.fusion",
     "kernels.cuda",
     "kernels.matmul",
+    "kernels.flash_attention",
 ]
 
 

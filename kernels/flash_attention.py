@@ -1,0 +1,959 @@
+"""FlashAttention in Triton: exact attention without the N x N score matrix ever reaching HBM.
+
+``attention(q, k, v, causal=False, sm_scale=None)`` computes ``softmax(q kᵀ · sm_scale) v`` for
+fp16/bf16 ``q: [B, H, Nq, D]``, ``k, v: [B, H, Nk, D]`` (contiguous, D in 64 or 128) and is
+differentiable: it is a ``torch.autograd.Function`` with a hand-written backward.
+
+**Forward** (one program per BLOCK_M query rows of one head). The program loads its query tile once
+and streams the keys and values of the head through shared memory in BLOCK_N-row tiles. It keeps,
+per query row and in fp32 registers, the running maximum ``m`` of the scores seen so far, the running
+sum ``l`` of their exponentials and the unnormalised output ``acc`` (the *online softmax*): when a
+new tile raises the maximum, the old sum and accumulator are rescaled by ``exp(m_old - m_new)``. The
+scores of one tile live in registers only. Reads: q once, k and v once per query tile (from L2,
+mostly); writes: o and one fp32 log-sum-exp per row. The log-sum-exp is all the backward needs to
+rebuild the probabilities.
+
+Exponentials are base 2 (``exp2`` is one hardware instruction; ``exp`` is ``exp2`` plus a multiply):
+scores are multiplied by ``sm_scale * log2(e)`` inside the fused multiply-add that also subtracts
+the running maximum, so the scale costs nothing. With ``causal=True`` the key loop is split: tiles
+left of the diagonal need no mask, and only the BLOCK_M/BLOCK_N tiles on the diagonal are masked.
+
+**Backward** (FlashAttention-2's partitioning, no atomics): a preprocess kernel computes
+``delta_i = sum_d dO_id * O_id``; one kernel per key tile walks over the query tiles, recomputes
+``P`` from q, k and the log-sum-exp, and accumulates ``dV += Pᵀ dO`` and ``dK += dSᵀ Q`` in
+registers; a second kernel per query tile walks over the key tiles and accumulates ``dQ += dS K``.
+``dS = P ∘ (dP - delta)`` with ``dP = dO Vᵀ``. Every accumulator is fp32.
+
+``naive_attention`` is the textbook version that materialises the scores (for the chapter's memory
+and speed comparison) and ``attention_ref`` the fp32 reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import _validate, bench, device, roofline
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_HEAD_DIMS = (64, 128)
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
+
+# ----------------------------------------------------------------------------- configurations
+
+# Tile shapes, as (resident rows, streamed rows, num_warps, num_stages). The resident tile stays on
+# chip for the whole loop (queries in the forward and in the dQ kernel, keys and values in the
+# dK/dV kernel); the streamed tiles go through shared memory, num_stages of them in flight. The
+# resident size must be a multiple of the streamed one. TUNED are the candidates the autotuner
+# times on large problems (the winners of a sweep on an H100 at N = 4096 and 16384, head dim 128);
+# SMALL, in order of preference, give the one configuration used on small problems, where timing
+# every candidate would cost more than it saves.
+_FWD_TUNED = [(128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 8, 3)]
+_FWD_SMALL = [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
+_BWD_TUNED = [(128, 64, 8, 3), (64, 64, 4, 2), (64, 32, 4, 3)]
+_BWD_SMALL = [(64, 64, 4, 2), (64, 32, 4, 3), (32, 32, 4, 2)]
+# Problems with B * H * Nq * Nk below this use the first SMALL configuration that fits.
+_TUNE_MIN_WORK = 2**28
+_AUTOTUNE_KEY = ["N_Q", "N_KV", "HEAD_DIM", "CAUSAL"]
+
+
+def _smem_limit() -> int:
+    """Shared memory one program may use on this GPU, in bytes."""
+    if not device.GPU_MODE:
+        return 1 << 30
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return getattr(props, "shared_memory_per_block_optin", 49152)
+
+
+def _tile(config: triton.Config, resident: str, streamed: str) -> tuple[int, int, int, int]:
+    kw = config.kwargs
+    return kw[resident], kw[streamed], config.num_warps, config.num_stages
+
+
+def _pruner(resident: str, streamed: str, tuned: list, small: list, n_resident: int):
+    """An ``early_config_prune`` for the autotuner: drop tiles that overflow shared memory
+    (``n_resident`` 16-bit resident tiles plus num_stages pairs of streamed ones, an estimate), then
+    keep the TUNED candidates for large problems or the first fitting SMALL one for small ones."""
+
+    def prune(configs, nargs, **kwargs):
+        d = kwargs["HEAD_DIM"]
+        limit = _smem_limit()
+
+        def fits(c):
+            r, st, _, stages = _tile(c, resident, streamed)
+            return 2 * d * (n_resident * r + stages * 2 * st) <= limit
+
+        by_shape = {_tile(c, resident, streamed): c for c in configs if fits(c)}
+        q = nargs["q_ptr"]
+        work = q.shape[0] * q.shape[1] * nargs["N_Q"] * nargs["N_KV"]
+        if work >= _TUNE_MIN_WORK:
+            chosen = [by_shape[t] for t in tuned if t in by_shape]
+            if chosen:
+                return chosen
+        chosen = [by_shape[t] for t in small if t in by_shape]
+        return chosen[:1] or [min(configs, key=lambda c: _tile(c, resident, streamed))]
+
+    return prune
+
+
+def _configs(resident: str, streamed: str, tuned: list, small: list, hook=None):
+    if device.INTERPRET:  # the interpreter cannot autotune over several configs: one small tile
+        return [triton.Config({resident: 32, streamed: 32}, pre_hook=hook)]
+    shapes = list(dict.fromkeys(tuned + small))
+    return [
+        triton.Config({resident: r, streamed: st}, num_warps=w, num_stages=s, pre_hook=hook)
+        for r, st, w, s in shapes
+    ]
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+@triton.jit
+def _fwd_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_src,
+    v_src,
+    kv_row0,
+    offs_m,
+    start,
+    end,
+    N_KV,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,  # 0: whole tiles, no mask; 1: the causal diagonal; 2: the last, partial tile
+    USE_TMA: tl.constexpr,  # k_src, v_src: TMA descriptors of [B*H*N_KV, D], else base pointers
+):
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(start, end, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_off = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        if USE_TMA:
+            # The copy engine moves the whole tile; rows past this head's keys are the next head's
+            # (or zeros past the tensor's end) and are masked out of the scores below.
+            k = k_src.load([kv_row0 + start_n, 0])
+        elif MASK == 0:
+            k = tl.load(k_src + kv_off)
+        else:  # rows past the end of the keys read as zeros; their scores are masked below
+            k = tl.load(k_src + kv_off, mask=offs_n[:, None] < N_KV, other=0.0)
+        # s = q kᵀ for this tile, fp32 on the tensor cores; it lives in registers only.
+        s = tl.dot(q, tl.trans(k))
+        if MASK == 1:
+            s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
+        if MASK == 2:
+            s = tl.where(offs_n[None, :] < N_KV, s, float("-inf"))
+        # Online softmax, base 2: scale and subtract the new running max in one FMA per score.
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if USE_TMA:
+            v = v_src.load([kv_row0 + start_n, 0])
+        elif MASK == 0:
+            v = tl.load(v_src + kv_off)
+        else:
+            v = tl.load(v_src + kv_off, mask=offs_n[:, None] < N_KV, other=0.0)
+        # P is rounded to the input dtype for the second tensor-core matmul; acc stays fp32.
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+def _set_kv_blocks(nargs):
+    # Autotuning changes BLOCK_N, and a TMA descriptor carries the shape of the tile it copies.
+    if nargs["USE_TMA"]:
+        block = [nargs["BLOCK_N"], nargs["HEAD_DIM"]]
+        nargs["k_src"].block_shape = block
+        nargs["v_src"].block_shape = block
+
+
+@triton.autotune(
+    configs=_configs("BLOCK_M", "BLOCK_N", _FWD_TUNED, _FWD_SMALL, hook=_set_kv_blocks),
+    key=_AUTOTUNE_KEY + ["USE_TMA"],
+    prune_configs_by={
+        "early_config_prune": _pruner("BLOCK_M", "BLOCK_N", _FWD_TUNED, _FWD_SMALL, 1)
+    },
+)
+@triton.jit
+def _attn_fwd_kernel(
+    # pointers: q, o [B*H, N_Q, HEAD_DIM]; k, v [B*H, N_KV, HEAD_DIM] (pointers or TMA
+    # descriptors of the [B*H*N_KV, HEAD_DIM] view); lse [B*H, N_Q] (fp32)
+    q_ptr,
+    k_src,
+    v_src,
+    o_ptr,
+    lse_ptr,
+    # scalars and sizes
+    sm_scale,
+    N_Q,
+    N_KV,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    tl.static_assert(BLOCK_M % BLOCK_N == 0)
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # the last query tiles have the most keys to visit: start them first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1).to(tl.int64)  # int64: B*H*N*D can exceed 2**31
+    if USE_TMA:
+        k_base, v_base = k_src, v_src
+        kv_row0 = (bh * N_KV).to(tl.int32)  # descriptor coordinates are rows of the 2-D view
+    else:
+        k_base = k_src + bh * N_KV * HEAD_DIM
+        v_base = v_src + bh * N_KV * HEAD_DIM
+        kv_row0 = 0
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m[:, None] < N_Q
+    qo_off = bh * N_Q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    # The query tile is loaded once and reused against every key tile.
+    q = tl.load(q_ptr + qo_off, mask=row_ok, other=0.0)
+
+    # Per-row online-softmax state, all fp32.
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+
+    if CAUSAL:
+        # Key tiles wholly left of the diagonal are fully visible to every row: no mask. Then
+        # the BLOCK_M / BLOCK_N tiles on the diagonal, masked (they also cover the end of N).
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, kv_row0, offs_m, 0, start_m,
+                                   N_KV, qk_scale, HEAD_DIM, BLOCK_N, 0, USE_TMA)  # fmt: skip
+        diag_end = tl.minimum(start_m + BLOCK_M, N_KV)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, kv_row0, offs_m, start_m,
+                                   diag_end, N_KV, qk_scale, HEAD_DIM, BLOCK_N, 1, USE_TMA)  # fmt: skip
+    else:
+        full_end = (N_KV // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, kv_row0, offs_m, 0, full_end,
+                                   N_KV, qk_scale, HEAD_DIM, BLOCK_N, 0, USE_TMA)  # fmt: skip
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, kv_row0, offs_m, full_end,
+                                   N_KV, N_KV, qk_scale, HEAD_DIM, BLOCK_N, 2, USE_TMA)  # fmt: skip
+
+    # Epilogue: one division per output element, and the log-sum-exp (base 2, of the scaled
+    # scores) that lets the backward recompute P = exp2(s * qk_scale - lse) without a second pass.
+    acc = acc / l_i[:, None]
+    tl.store(o_ptr + qo_off, acc.to(o_ptr.dtype.element_ty), mask=row_ok)
+    tl.store(lse_ptr + bh * N_Q + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < N_Q)
+
+
+# ----------------------------------------------------------------------------- backward
+
+
+@triton.jit
+def _attn_bwd_preprocess_kernel(
+    # pointers: o, do [rows, HEAD_DIM]; delta [rows] (fp32)
+    o_ptr,
+    do_ptr,
+    delta_ptr,
+    # sizes
+    n_rows,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    # delta_i = dO_i · O_i = sum_j P_ij dP_ij: the term every dS_ij subtracts. Reads o and do once.
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    mask = rows[:, None] < n_rows
+    o = tl.load(o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(do_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(delta_ptr + rows, delta, mask=rows < n_rows)
+
+
+@triton.jit
+def _dkdv_tiles(
+    dk,
+    dv,
+    k,
+    v,
+    q_base,
+    do_base,
+    lse_base,
+    delta_base,
+    offs_n,
+    start,
+    end,
+    N_Q,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    BOUNDS: tl.constexpr,
+):
+    offs_m = start + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_ptrs = q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    do_ptrs = do_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    for start_m in range(start, end, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        if BOUNDS:  # query rows past the end read as zeros, so they add nothing to dK or dV
+            q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
+            do = tl.load(do_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
+            lse = tl.load(lse_base + offs_m, mask=offs_m < N_Q, other=0.0)
+            delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
+        else:
+            q = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+            lse = tl.load(lse_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        # Work with the transposes (keys along rows) so that k, v and the accumulators stay put.
+        s_t = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_M]
+        p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])  # P, rebuilt from the log-sum-exp
+        if CAUSAL_MASK:
+            p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)  # dV += Pᵀ dO
+        dp_t = tl.dot(v, tl.trans(do))  # dPᵀ = V dOᵀ
+        ds_t = p_t * (dp_t - delta[None, :])  # dSᵀ = Pᵀ ∘ (dPᵀ - delta)
+        # dK += dSᵀ Q (times sm_scale, applied once at the end)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        offs_m += BLOCK_M
+        q_ptrs += BLOCK_M * HEAD_DIM
+        do_ptrs += BLOCK_M * HEAD_DIM
+    return dk, dv
+
+
+@triton.autotune(
+    configs=_configs("BLOCK_N", "BLOCK_M", _BWD_TUNED, _BWD_SMALL),
+    key=_AUTOTUNE_KEY,
+    prune_configs_by={
+        "early_config_prune": _pruner("BLOCK_N", "BLOCK_M", _BWD_TUNED, _BWD_SMALL, 2)
+    },
+)
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    # pointers: q, do [B*H, N_Q, HEAD_DIM]; k, v, dk, dv [B*H, N_KV, HEAD_DIM]; lse, delta [B*H, N_Q]
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dk_ptr,
+    dv_ptr,
+    # scalars and sizes
+    sm_scale,
+    N_Q,
+    N_KV,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per step of the loop
+    BLOCK_N: tl.constexpr,  # key rows owned by this program
+):
+    tl.static_assert(BLOCK_N % BLOCK_M == 0)
+    bh = tl.program_id(1).to(tl.int64)
+    start_n = tl.program_id(0) * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_off = bh * N_KV * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    key_ok = offs_n[:, None] < N_KV
+    # This program's keys and values stay in registers/shared memory for the whole loop; key rows
+    # past the end read as zeros and their gradients are never stored.
+    k = tl.load(k_ptr + kv_off, mask=key_ok, other=0.0)
+    v = tl.load(v_ptr + kv_off, mask=key_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+
+    q_base = q_ptr + bh * N_Q * HEAD_DIM
+    do_base = do_ptr + bh * N_Q * HEAD_DIM
+    lse_base = lse_ptr + bh * N_Q
+    delta_base = delta_ptr + bh * N_Q
+    full_end = (N_Q // BLOCK_M) * BLOCK_M
+    first = 0
+    if CAUSAL:
+        # Queries before start_n see none of these keys. The BLOCK_N / BLOCK_M query tiles on the
+        # diagonal are masked; every query tile below them sees all of these keys.
+        first = start_n + BLOCK_N
+        diag_end = tl.minimum(first, N_Q)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, offs_n, start_n,
+                             diag_end, N_Q, qk_scale, HEAD_DIM, BLOCK_M, True, True)  # fmt: skip
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, offs_n, first,
+                         full_end, N_Q, qk_scale, HEAD_DIM, BLOCK_M, False, False)  # fmt: skip
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, offs_n,
+                         tl.maximum(first, full_end), N_Q, N_Q, qk_scale, HEAD_DIM, BLOCK_M,
+                         False, True)  # fmt: skip
+
+    dk = dk * sm_scale  # s = sm_scale * q·k, so dL/dk carries one factor of sm_scale
+    tl.store(dk_ptr + kv_off, dk.to(dk_ptr.dtype.element_ty), mask=key_ok)
+    tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=key_ok)
+
+
+@triton.jit
+def _dq_tiles(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    k_base,
+    v_base,
+    offs_m,
+    start,
+    end,
+    N_KV,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,  # 0: whole tiles; 1: the causal diagonal; 2: the last, partial tile
+):
+    offs_n = start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    k_ptrs = k_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    v_ptrs = v_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    for start_n in range(start, end, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        if MASK == 0:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=offs_n[:, None] < N_KV, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_n[:, None] < N_KV, other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        p = tl.math.exp2(s * qk_scale - lse[:, None])
+        if MASK == 1:
+            p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        if MASK == 2:
+            p = tl.where(offs_n[None, :] < N_KV, p, 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)  # dQ += dS K (times sm_scale at the end)
+        offs_n += BLOCK_N
+        k_ptrs += BLOCK_N * HEAD_DIM
+        v_ptrs += BLOCK_N * HEAD_DIM
+    return dq
+
+
+@triton.autotune(
+    configs=_configs("BLOCK_M", "BLOCK_N", _BWD_TUNED, _BWD_SMALL),
+    key=_AUTOTUNE_KEY,
+    prune_configs_by={
+        "early_config_prune": _pruner("BLOCK_M", "BLOCK_N", _BWD_TUNED, _BWD_SMALL, 2)
+    },
+)
+@triton.jit
+def _attn_bwd_dq_kernel(
+    # pointers: q, do, dq [B*H, N_Q, HEAD_DIM]; k, v [B*H, N_KV, HEAD_DIM]; lse, delta [B*H, N_Q]
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dq_ptr,
+    # scalars and sizes
+    sm_scale,
+    N_Q,
+    N_KV,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows owned by this program
+    BLOCK_N: tl.constexpr,  # key rows per step of the loop
+):
+    tl.static_assert(BLOCK_M % BLOCK_N == 0)
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1).to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_off = bh * N_Q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    row_ok = offs_m < N_Q
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None], other=0.0)
+    do = tl.load(do_ptr + q_off, mask=row_ok[:, None], other=0.0)
+    lse = tl.load(lse_ptr + bh * N_Q + offs_m, mask=row_ok, other=0.0)
+    delta = tl.load(delta_ptr + bh * N_Q + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+
+    k_base = k_ptr + bh * N_KV * HEAD_DIM
+    v_base = v_ptr + bh * N_KV * HEAD_DIM
+    if CAUSAL:
+        dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, offs_m, 0, start_m, N_KV, qk_scale,
+                       HEAD_DIM, BLOCK_N, 0)  # fmt: skip
+        diag_end = tl.minimum(start_m + BLOCK_M, N_KV)
+        dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, offs_m, start_m, diag_end, N_KV,
+                       qk_scale, HEAD_DIM, BLOCK_N, 1)  # fmt: skip
+    else:
+        full_end = (N_KV // BLOCK_N) * BLOCK_N
+        dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, offs_m, 0, full_end, N_KV, qk_scale,
+                       HEAD_DIM, BLOCK_N, 0)  # fmt: skip
+        dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, offs_m, full_end, N_KV, N_KV,
+                       qk_scale, HEAD_DIM, BLOCK_N, 2)  # fmt: skip
+
+    dq = dq * sm_scale
+    tl.store(dq_ptr + q_off, dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def _check(q, k, v, causal, sm_scale) -> float:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _validate.tensor(name, t, dtypes=SUPPORTED_DTYPES, ndim=4)
+    _validate.same("q", q, "k", k, shape=False)
+    _validate.same("k", k, "v", v)
+    if device.GPU_MODE and not q.is_cuda:
+        raise ValueError(f"q, k and v must be on a CUDA device, got {q.device}")
+    if q.shape[:2] != k.shape[:2]:
+        raise ValueError(
+            f"q and k must have the same batch and heads [B, H, N, D], got q {tuple(q.shape)} "
+            f"and k {tuple(k.shape)}"
+        )
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"q and k must have the same head_dim, got {q.shape[3]} and {k.shape[3]}")
+    if q.shape[3] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[3]}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if causal and q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"causal=True needs as many queries as keys (Nq == Nk), got {q.shape[2]} and "
+            f"{k.shape[2]}"
+        )
+    if k.shape[2] == 0 and q.shape[2] > 0:
+        raise ValueError("k and v must hold at least one key (Nk >= 1)")
+    if sm_scale is None:
+        return 1.0 / math.sqrt(q.shape[3])
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not sm_scale > 0:
+        raise ValueError(f"sm_scale must be a positive number or None, got {sm_scale!r}")
+    return float(sm_scale)
+
+
+def tma_available(*tensors: torch.Tensor) -> bool:
+    """Whether the forward can move K/V tiles with TMA: a Hopper-or-newer GPU, and 16-byte-aligned
+    base addresses (row strides are D * 2 bytes, a multiple of 16 for every supported D)."""
+    return (
+        device.GPU_MODE
+        and device.capabilities().tma
+        and all(t.is_cuda and t.data_ptr() % 16 == 0 for t in tensors)
+    )
+
+
+def _forward(
+    q, k, v, causal: bool, sm_scale: float, tma: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    B, H, n_q, D = q.shape
+    n_kv = k.shape[2]
+    o = torch.empty_like(q)
+    lse = torch.empty(B, H, n_q, device=q.device, dtype=torch.float32)
+    if o.numel() == 0:
+        return o, lse
+    use_tma = tma_available(k, v) if tma is None else tma
+    if use_tma and not tma_available(k, v):
+        raise ValueError("tma=True needs a GPU with TMA (Hopper or newer) and 16-byte-aligned k, v")
+    k_src, v_src = k, v
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        dummy = [16, D]  # replaced per configuration by _set_kv_blocks
+        k_src = TensorDescriptor.from_tensor(k.view(B * H * n_kv, D), dummy)
+        v_src = TensorDescriptor.from_tensor(v.view(B * H * n_kv, D), dummy)
+
+    def grid(meta):
+        return (triton.cdiv(n_q, meta["BLOCK_M"]), B * H)
+
+    _attn_fwd_kernel[grid](
+        q, k_src, v_src, o, lse, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma
+    )
+    return o, lse
+
+
+def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
+    B, H, n_q, D = q.shape
+    n_kv = k.shape[2]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0:
+        return dq, dk.zero_(), dv.zero_()
+    delta = torch.empty_like(lse)
+    rows = B * H * n_q
+    pre_block = 64
+    _attn_bwd_preprocess_kernel[(triton.cdiv(rows, pre_block),)](
+        o, do, delta, rows, HEAD_DIM=D, BLOCK_M=pre_block
+    )
+    _attn_bwd_dkdv_kernel[lambda meta: (triton.cdiv(n_kv, meta["BLOCK_N"]), B * H)](
+        q, k, v, do, lse, delta, dk, dv, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal
+    )
+    _attn_bwd_dq_kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), B * H)](
+        q, k, v, do, lse, delta, dq, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal
+    )
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """The autograd node: saves q, k, v, o and the per-row log-sum-exp, never the N x N matrix."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, sm_scale: float, tma: bool | None = None):
+        o, lse = _forward(q, k, v, causal, sm_scale, tma)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal = causal
+        ctx.sm_scale = sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.sm_scale)
+        return dq, dk, dv, None, None, None
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    *,
+    tma: bool | None = None,
+) -> torch.Tensor:
+    """``softmax(q kᵀ · sm_scale [+ causal mask]) v`` for ``q: [B, H, Nq, D]``, ``k, v: [B, H, Nk, D]``.
+
+    fp16 or bf16, contiguous, head dim 64 or 128; ``sm_scale`` defaults to ``1/sqrt(D)``. With
+    ``causal=True`` query i sees keys 0..i (Nq must equal Nk). Differentiable in q, k and v.
+    ``tma``: move the forward's K/V tiles with the TMA copy engine (Hopper+); default where it
+    applies. Both paths compute the same thing.
+    """
+    scale = _check(q, k, v, causal, sm_scale)
+    return FlashAttention.apply(q, k, v, causal, scale, tma)
+
+
+def attention_with_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward only, returning also the natural-log log-sum-exp of each row's scaled scores,
+    ``lse: fp32[B, H, Nq]`` (what the backward keeps instead of the N x N probabilities)."""
+    scale = _check(q, k, v, causal, sm_scale)
+    o, lse2 = _forward(q, k, v, causal, scale, tma=False)
+    return o, lse2 / LOG2E
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def _causal_mask(n_q: int, n_kv: int, dev) -> torch.Tensor:
+    """True where a score is hidden: key j after query i."""
+    return torch.ones(n_q, n_kv, dtype=torch.bool, device=dev).triu_(1)
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """fp32 reference (returned in fp32, for error measurements). Differentiable: call it on
+    ``x.float().requires_grad_()`` copies to get reference gradients."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    s = (q.float() @ k.float().transpose(-2, -1)) * scale
+    if causal:
+        s = s.masked_fill(_causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v.float()
+
+
+def naive_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Textbook attention in the inputs' dtype that materialises the scores, for teaching.
+
+    Three kernels and two ``[B, H, Nq, Nk]`` tensors in HBM: the scores S = q kᵀ (scaled and masked
+    in place) and the probabilities P = softmax(S), alive together while softmax runs; then P v.
+    Its extra memory is ``naive_extra_bytes``.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    s = torch.matmul(q, k.transpose(-2, -1))
+    s.mul_(scale)
+    if causal:
+        s.masked_fill_(_causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    del s
+    return torch.matmul(p, v)
+
+
+def naive_extra_bytes(
+    batch: int, heads: int, n_q: int, n_kv: int, head_dim: int, dtype: torch.dtype, causal=False
+) -> int:
+    """Peak memory ``naive_attention`` allocates beyond its inputs: S and P alive together while
+    softmax runs, or afterwards P and the output, whichever is larger (the causal mask, one byte per
+    score of one head, is freed before P is allocated and never sets the peak)."""
+    b = dtype.itemsize
+    scores = batch * heads * n_q * n_kv * b
+    out = batch * heads * n_q * head_dim * b
+    return max(2 * scores, scores + out, scores + (n_q * n_kv if causal else 0))
+
+
+def naive_hbm_bytes(
+    batch: int, heads: int, n_q: int, n_kv: int, head_dim: int, dtype: torch.dtype, causal=False
+) -> int:
+    """HBM traffic of ``naive_attention``: q, k, v read and o written once, plus the score-sized
+    passes: S written, scaled in place (read + write), masked in place if causal (read + write),
+    read by softmax, P written, P read by P·v. Six passes over ``[B, H, Nq, Nk]``, eight if causal."""
+    b = dtype.itemsize
+    passes = 8 if causal else 6
+    return passes * batch * heads * n_q * n_kv * b + 2 * batch * heads * (n_q + n_kv) * head_dim * b
+
+
+def flash_hbm_bytes(
+    batch: int, heads: int, n_q: int, n_kv: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    """The fewest bytes fused attention can move: q, k, v read once, o written once (the lse is
+    negligible). The kernel reads k and v once per query tile, but mostly from L2."""
+    return 2 * batch * heads * (n_q + n_kv) * head_dim * dtype.itemsize
+
+
+def flash_extra_bytes(batch: int, heads: int, n_q: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Memory ``attention`` allocates beyond its inputs: the output and one fp32 per query row."""
+    return batch * heads * n_q * (head_dim * dtype.itemsize + 4)
+
+
+def fwd_flops(batch: int, heads: int, n_q: int, n_kv: int, head_dim: int, causal=False) -> float:
+    """Two matmuls, q kᵀ and P v, of 2·Nq·Nk·D each per head; causal does half."""
+    return 4 * batch * heads * n_q * n_kv * head_dim * (0.5 if causal else 1.0)
+
+
+def bwd_flops(batch: int, heads: int, n_q: int, n_kv: int, head_dim: int, causal=False) -> float:
+    """Five matmuls (S again, dV, dP, dQ, dK): 2.5 times the forward, the usual convention."""
+    return 2.5 * fwd_flops(batch, heads, n_q, n_kv, head_dim, causal)
+
+
+# ----------------------------------------------------------------------------- SDPA baselines
+
+SDPA_BACKENDS = ("flash", "cudnn", "efficient", "math")
+
+
+def sdpa(q, k, v, causal: bool = False, backend: str = "flash") -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` forced onto one backend:
+    'flash' (FlashAttention-2), 'cudnn', 'efficient' (memory-efficient, xFormers) or 'math'."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = {
+        "flash": "FLASH_ATTENTION",
+        "cudnn": "CUDNN_ATTENTION",
+        "efficient": "EFFICIENT_ATTENTION",
+        "math": "MATH",
+    }
+    if backend not in names:
+        raise ValueError(f"backend must be one of {SDPA_BACKENDS}, got {backend!r}")
+    member = getattr(SDPBackend, names[backend], None)
+    if member is None:
+        raise RuntimeError(f"this torch ({torch.__version__}) has no SDPA backend {backend!r}")
+    with sdpa_kernel(member):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def sdpa_available(backend: str, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -> bool:
+    """Whether ``sdpa(..., backend=backend)`` runs on this machine for this dtype and head dim."""
+    try:
+        x = torch.randn(1, 2, 128, head_dim, device=device.DEVICE, dtype=dtype)
+        sdpa(x, x, x, backend=backend)
+        return True
+    except RuntimeError:
+        return False
+
+
+# ----------------------------------------------------------------------------- compile check
+
+# Ahead-of-time compile specs (tests/test_compile.py). bf16 needs Ampere (8.0) tensor cores; the
+# sm_75 build uses fp16 and tiles small enough for Turing's 64 KB of shared memory.
+_SIZES = {"sm_scale": "fp32", "N_Q": "i32", "N_KV": "i32"}
+
+
+def _specs(t: str, tiles: dict, options: dict, min_cc: int) -> list[dict]:
+    fwd_tiles = {"BLOCK_M": tiles["fwd"][0], "BLOCK_N": tiles["fwd"][1]}
+    dkdv_tiles = {"BLOCK_N": tiles["bwd"][0], "BLOCK_M": tiles["bwd"][1]}
+    dq_tiles = {"BLOCK_M": tiles["bwd"][0], "BLOCK_N": tiles["bwd"][1]}
+    d = tiles["head_dim"]
+    ptr = f"*{t}"
+    out = []
+    for causal in (False, True):
+        meta = {"HEAD_DIM": d, "CAUSAL": causal}
+        out += [
+            dict(
+                kernel=_attn_fwd_kernel.fn,
+                signature={
+                    "q_ptr": ptr,
+                    "k_src": ptr,
+                    "v_src": ptr,
+                    "o_ptr": ptr,
+                    "lse_ptr": "*fp32",
+                    **_SIZES,
+                },  # fmt: skip
+                constexprs={**meta, "USE_TMA": False, **fwd_tiles},
+                options=options,
+                min_cc=min_cc,
+            ),
+            dict(
+                kernel=_attn_bwd_dkdv_kernel.fn,
+                signature={
+                    "q_ptr": ptr,
+                    "k_ptr": ptr,
+                    "v_ptr": ptr,
+                    "do_ptr": ptr,
+                    "lse_ptr": "*fp32",
+                    "delta_ptr": "*fp32",
+                    "dk_ptr": ptr,
+                    "dv_ptr": ptr,
+                    **_SIZES,
+                },  # fmt: skip
+                constexprs={**meta, **dkdv_tiles},
+                options=options,
+                min_cc=min_cc,
+            ),
+            dict(
+                kernel=_attn_bwd_dq_kernel.fn,
+                signature={
+                    "q_ptr": ptr,
+                    "k_ptr": ptr,
+                    "v_ptr": ptr,
+                    "do_ptr": ptr,
+                    "lse_ptr": "*fp32",
+                    "delta_ptr": "*fp32",
+                    "dq_ptr": ptr,
+                    **_SIZES,
+                },  # fmt: skip
+                constexprs={**meta, **dq_tiles},
+                options=options,
+                min_cc=min_cc,
+            ),
+        ]
+    out.append(
+        dict(
+            kernel=_attn_bwd_preprocess_kernel,
+            signature={"o_ptr": ptr, "do_ptr": ptr, "delta_ptr": "*fp32", "n_rows": "i32"},
+            constexprs={"HEAD_DIM": d, "BLOCK_M": 64},
+            min_cc=min_cc,
+        )
+    )
+    return out
+
+
+def _tma_spec(causal: bool) -> dict:
+    desc = "tensordesc<bf16[64, 128]>"
+    return dict(
+        kernel=_attn_fwd_kernel.fn,
+        signature={
+            "q_ptr": "*bf16",
+            "k_src": desc,
+            "v_src": desc,
+            "o_ptr": "*bf16",
+            "lse_ptr": "*fp32",
+            **_SIZES,
+        },  # fmt: skip
+        constexprs={
+            "HEAD_DIM": 128,
+            "CAUSAL": causal,
+            "USE_TMA": True,
+            "BLOCK_M": 128,
+            "BLOCK_N": 64,
+        },  # fmt: skip
+        options={"num_warps": 8, "num_stages": 3},
+        min_cc=90,  # TMA exists from Hopper on
+    )
+
+
+COMPILE_SPECS = [_tma_spec(False), _tma_spec(True)] + _specs(
+    "fp16", {"fwd": (64, 32), "bwd": (64, 32), "head_dim": 64}, {"num_warps": 4, "num_stages": 2}, 0
+) + _specs(
+    "bf16", {"fwd": (128, 64), "bwd": (128, 32), "head_dim": 128},
+    {"num_warps": 8, "num_stages": 3}, 90,
+)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+
+IMPLEMENTATIONS = {
+    "triton": attention,
+    "triton-pointers": functools.partial(attention, tma=False),
+    "naive": naive_attention,
+    **{f"sdpa-{b}": functools.partial(sdpa, backend=b) for b in SDPA_BACKENDS},
+}
+
+
+def _grads(o, inputs, do):
+    # autograd.grad, not .backward(): nothing accumulates into .grad between timed repetitions.
+    return torch.autograd.grad(o, inputs, do, retain_graph=True)
+
+
+def time_case(
+    shape: tuple[int, int, int, int],
+    dtype: torch.dtype,
+    causal: bool,
+    impls: list[str],
+    *,
+    backward: bool = False,
+) -> dict[str, bench.Measurement]:
+    """Time each of ``impls`` (keys of ``IMPLEMENTATIONS``) on one ``[B, H, N, D]`` self-attention
+    problem, all on the same random inputs: the forward, or with ``backward=True`` the backward
+    alone (the forward runs once outside the timed region). TFLOP/s use ``fwd_flops`` /
+    ``bwd_flops``, the same count for every implementation."""
+    b, h, n, d = shape
+    q, k, v, do = (torch.randn(shape, device=device.DEVICE, dtype=dtype) for _ in range(4))
+    flops = (bwd_flops if backward else fwd_flops)(b, h, n, n, d, causal)
+    out = {}
+    for name in impls:
+        fn = IMPLEMENTATIONS[name]
+        if backward:
+            qkv = tuple(t.clone().requires_grad_() for t in (q, k, v))
+            run = functools.partial(_grads, fn(*qkv, causal), qkv, do)
+        else:
+            run = functools.partial(fn, q, k, v, causal)
+        out[name] = bench.measure(run, flops=flops)
+    return out
+
+
+@bench.register("flash_attention")
+def _bench_flash_attention(quick: bool) -> list[dict]:
+    """Forward and backward against SDPA's FlashAttention-2 backend (and cuDNN's where present),
+    bf16, head dim 128, 16 heads, Nq = Nk = N with B·N = 16k tokens; ceiling: the bf16 matmul peak."""
+    if not device.GPU_MODE:
+        print("flash_attention benchmark skipped: tensor-core timings need a GPU")
+        return []
+    dtype = device.preferred_dtype(torch.bfloat16)
+    peak = roofline.matmul_peak("bfloat16" if dtype is torch.bfloat16 else "float16")
+    ceiling = (peak.name, peak.value)
+    heads, head_dim = 16, 128
+    seqs = [4096] if quick else [512, 1024, 2048, 4096, 8192, 16384]
+    impls = ["triton"] + [f"sdpa-{b}" for b in ("flash", "cudnn") if sdpa_available(b, dtype)]
+    recs = []
+    for n in seqs:
+        shape = (max(1, 16384 // n), heads, n, head_dim)
+        for causal in (False, True):
+            for backward in (False, True):
+                ms = time_case(shape, dtype, causal, impls, backward=backward)
+                tag = ("-bwd" if backward else "-fwd") + ("-causal" if causal else "")
+                base = ("sdpa-flash", ms["sdpa-flash"]) if "sdpa-flash" in ms else None
+                for name, m in ms.items():
+                    baseline = base if name == "triton" else None
+                    recs.append(bench.record("flash_attention", name + tag, shape, dtype, m,
+                                             baseline=baseline, ceiling=ceiling))  # fmt: skip
+    return recs

@@ -1,0 +1,180 @@
+import math
+
+import pytest
+import torch
+
+from kernels import device
+from kernels import flash_attention as fa
+
+# Triton's interpreter computes bf16 wrongly (a known limitation): bf16 is checked on GPUs only.
+DTYPES = [torch.float16] + ([torch.bfloat16] if device.GPU_MODE else [])
+# Sequence lengths that are not multiples of any block (1, 17, 100, 130) next to one that is (64);
+# the GPU adds lengths that span many tiles.
+SEQS = [1, 17, 64, 100, 130] + ([1000, 4097] if device.GPU_MODE else [])
+# Relative error (Frobenius norm) against the fp32 reference. One rounding of the output is ~5e-4
+# (fp16) or ~4e-3 (bf16); P rounded to 16 bits before P·V and the gradient matmuls add a few more.
+TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def _rel_err(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def _inputs(b, h, n_q, n_kv, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n_q, d, generator=g).to(device.DEVICE, dtype)
+    k = torch.randn(b, h, n_kv, d, generator=g).to(device.DEVICE, dtype)
+    v = torch.randn(b, h, n_kv, d, generator=g).to(device.DEVICE, dtype)
+    return q, k, v
+
+
+def _check_fwd_bwd(q, k, v, causal):
+    dtype = q.dtype
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    out = fa.attention(qg, kg, vg, causal)
+    assert out.shape == q.shape and out.dtype == dtype
+    qr, kr, vr = (x.float().requires_grad_() for x in (q, k, v))
+    ref = fa.attention_ref(qr, kr, vr, causal)
+    assert _rel_err(out, ref) < TOL[dtype]
+
+    do = torch.randn_like(out)
+    out.backward(do)
+    ref.backward(do.float())
+    for name, ours, theirs in (("dq", qg, qr), ("dk", kg, kr), ("dv", vg, vr)):
+        assert ours.grad.dtype == dtype, name
+        if theirs.grad.norm() == 0:  # dq with a single key: softmax of one score is constant,
+            # so the exact gradient is 0; ours is dP - delta, two fp32 sums in different orders.
+            assert ours.grad.float().abs().max() < 1e-4, name
+        else:
+            assert _rel_err(ours.grad, theirs.grad) < TOL[dtype], name
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n", SEQS)
+def test_matches_fp32_reference_d64(n, causal, dtype):
+    _check_fwd_bwd(*_inputs(1, 2, n, n, 64, dtype, seed=n), causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n", [17, 130])
+def test_matches_fp32_reference_d128(n, causal, dtype):
+    _check_fwd_bwd(*_inputs(2, 1, n, n, 128, dtype, seed=n), causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_q, n_kv", [(17, 130), (130, 33), (1, 100)])
+def test_different_query_and_key_lengths(n_q, n_kv, dtype):
+    _check_fwd_bwd(*_inputs(1, 2, n_q, n_kv, 64, dtype, seed=n_q + n_kv), causal=False)
+
+
+def test_sm_scale_and_lse():
+    q, k, v = _inputs(1, 2, 70, 70, 64, torch.float16, seed=3)
+    out, lse = fa.attention_with_lse(q, k, v, sm_scale=0.3)
+    ref = fa.attention_ref(q, k, v, sm_scale=0.3)
+    assert _rel_err(out, ref) < TOL[torch.float16]
+    s = (q.float() @ k.float().transpose(-2, -1)) * 0.3
+    torch.testing.assert_close(lse, torch.logsumexp(s, dim=-1), rtol=1e-3, atol=1e-3)
+
+
+def test_rows_are_convex_combinations_of_values():
+    # A property no implementation bug is likely to keep: with v = 1 every output is exactly 1,
+    # and with one key every output row is that key's value.
+    q, k, _ = _inputs(1, 2, 100, 100, 64, torch.float16, seed=4)
+    ones = torch.ones_like(k)
+    assert torch.allclose(fa.attention(q, k, ones, causal=True).float(), ones.float(), atol=1e-3)
+    one = k[:, :, :1].contiguous()
+    torch.testing.assert_close(fa.attention(q, one, one), one.expand_as(q), rtol=1e-3, atol=1e-3)
+
+
+def test_naive_matches_reference_and_memory_formula():
+    q, k, v = _inputs(1, 2, 100, 100, 64, torch.float16, seed=5)
+    for causal in (False, True):
+        assert (
+            _rel_err(fa.naive_attention(q, k, v, causal), fa.attention_ref(q, k, v, causal)) < 5e-3
+        )
+    b, h, n, d = 2, 16, 4096, 128
+    scores = 2 * b * h * n * n * 2  # S and P in bf16
+    assert fa.naive_extra_bytes(b, h, n, n, d, torch.bfloat16) == scores
+    # When the output outweighs a score matrix (N < D), P and the output set the peak.
+    assert fa.naive_extra_bytes(1, 1, 8, 8, 128, torch.bfloat16) == 8 * 8 * 2 + 8 * 128 * 2
+    assert fa.flash_extra_bytes(b, h, n, d, torch.bfloat16) == b * h * n * (d * 2 + 4)
+    assert fa.fwd_flops(b, h, n, n, d, causal=True) == 2 * b * h * n * n * d
+    assert fa.bwd_flops(b, h, n, n, d) == 2.5 * 4 * b * h * n * n * d
+
+
+def test_empty_batch():
+    q = torch.zeros(0, 2, 8, 64, device=device.DEVICE, dtype=torch.float16)
+    assert fa.attention(q, q, q).shape == q.shape
+
+
+def _t(*shape, dtype=torch.float16):
+    return torch.zeros(*shape, dtype=dtype, device=device.DEVICE)
+
+
+@pytest.mark.parametrize(
+    "q, k, v, kw, err, match",
+    [
+        (_t(1, 2, 8, 64, dtype=torch.float32), _t(1, 2, 8, 64), _t(1, 2, 8, 64), {}, TypeError, "q must have dtype"),
+        (_t(1, 2, 8, 64), _t(1, 2, 8, 64, dtype=torch.bfloat16), _t(1, 2, 8, 64, dtype=torch.bfloat16), {}, TypeError, "same dtype"),
+        (_t(1, 2, 8, 80), _t(1, 2, 8, 80), _t(1, 2, 8, 80), {}, ValueError, "head_dim must be one of"),
+        (_t(1, 2, 8, 256), _t(1, 2, 8, 256), _t(1, 2, 8, 256), {}, ValueError, "head_dim must be one of"),
+        (_t(2, 8, 64), _t(2, 8, 64), _t(2, 8, 64), {}, ValueError, "q must be 4-D"),
+        (_t(1, 2, 8, 64), _t(1, 2, 8, 64), _t(1, 2, 9, 64), {}, ValueError, "same shape"),
+        (_t(1, 2, 8, 64), _t(1, 3, 8, 64), _t(1, 3, 8, 64), {}, ValueError, "same batch and heads"),
+        (_t(1, 2, 8, 64), _t(1, 2, 8, 128), _t(1, 2, 8, 128), {}, ValueError, "same head_dim"),
+        (_t(1, 2, 8, 64), _t(1, 2, 9, 64), _t(1, 2, 9, 64), {"causal": True}, ValueError, "Nq == Nk"),
+        (_t(1, 2, 8, 64), _t(1, 2, 0, 64), _t(1, 2, 0, 64), {}, ValueError, "at least one key"),
+        (_t(1, 2, 8, 64), _t(1, 2, 8, 64), _t(1, 2, 8, 64), {"sm_scale": -1.0}, ValueError, "sm_scale"),
+        (_t(1, 2, 8, 64), _t(1, 2, 8, 64), _t(1, 2, 8, 64), {"causal": 1}, TypeError, "causal must be a bool"),
+        (_t(1, 2, 64, 8).transpose(2, 3), _t(1, 2, 8, 64), _t(1, 2, 8, 64), {}, ValueError, "q must be contiguous"),
+        ([0.0], _t(1, 2, 8, 64), _t(1, 2, 8, 64), {}, TypeError, "q must be a torch.Tensor"),
+    ],
+)  # fmt: skip
+def test_rejects_bad_input(q, k, v, kw, err, match):
+    with pytest.raises(err, match=match):
+        fa.attention(q, k, v, **kw)
+
+
+def test_sdpa_rejects_unknown_backend():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        fa.sdpa(_t(1, 1, 8, 64), _t(1, 1, 8, 64), _t(1, 1, 8, 64), backend="fast")
+
+
+@pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_sequence_bf16_against_sdpa(causal):
+    # At a size the autotuner picks real tiles for: our error is no worse than a small multiple of
+    # the error of SDPA's own flash backend, both measured against fp32.
+    q, k, v = _inputs(2, 4, 2048, 2048, 128, torch.bfloat16, seed=7)
+    ref = fa.attention_ref(q, k, v, causal)
+    ours = _rel_err(fa.attention(q, k, v, causal), ref)
+    theirs = _rel_err(
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal), ref
+    )
+    assert ours < 2 * theirs + 1e-3
+    assert not math.isnan(ours)
+
+
+@pytest.mark.skipif(
+    not (device.GPU_MODE and fa.tma_available(torch.zeros(1, device=device.DEVICE))),
+    reason="needs TMA (Hopper+)",
+)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n, d", [(130, 64), (1000, 128), (4097, 128)])
+def test_tma_and_pointer_paths_agree(n, d, causal):
+    q, k, v = _inputs(2, 3, n, n, d, torch.bfloat16, seed=n)
+    ref = fa.attention_ref(q, k, v, causal)
+    a = fa.attention(q, k, v, causal, tma=True)
+    b = fa.attention(q, k, v, causal, tma=False)
+    assert _rel_err(a, ref) < TOL[torch.bfloat16] and _rel_err(b, ref) < TOL[torch.bfloat16]
+    # Same arithmetic in the same order; only the tile shapes the autotuner picks may differ.
+    assert _rel_err(a, b) < 1e-2
+
+
+@pytest.mark.skipif(device.GPU_MODE, reason="CPU-only check")
+def test_tma_needs_a_hopper_gpu():
+    q = _t(1, 2, 8, 64)
+    with pytest.raises(ValueError, match="TMA"):
+        fa.attention(q, q, q, tma=True)
