@@ -191,6 +191,8 @@ BENCH_MODULES = [
     "kernels.cuda",
     "kernels.matmul",
     "kernels.flash_attention",
+    "kernels.softmax",
+    "kernels.norms",
 ]
 
 

@@ -1,0 +1,767 @@
+"""RMSNorm and LayerNorm over the last dimension, forward and backward, one kernel family for both.
+
+For ``x: [R, C]`` and a weight ``w: [C]`` (and, for LayerNorm, a bias ``b: [C]``):
+
+    RMSNorm:   y = x * rstd * w,               rstd = 1 / sqrt(mean(x^2) + eps)
+    LayerNorm: y = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(mean((x - mean)^2) + eps)
+
+Every statistic is computed in fp32 whatever the storage type. The forward pass also writes the
+per-row ``rstd`` (and ``mean``), ``R`` fp32 values, so the backward pass does not recompute them.
+``IS_RMS`` and ``HAS_BIAS`` are compile-time switches: one source, four specialised kernels.
+
+Forward. ``_norm_fwd_kernel`` holds ``BLOCK_M`` whole rows in registers: read ``R*C``, write
+``R*C`` (plus the ``C``-element weight and bias, read once per program from L2). Rows wider than
+``MAX_FUSED_BLOCK`` go to ``_norm_fwd_looped_kernel``: a statistics pass, then a normalise pass
+that reads the row again (read ``2*R*C``, write ``R*C``).
+
+Backward. With ``xhat`` the normalised input and ``g = w * dy``, per row
+
+    RMSNorm:   dx = rstd * (g - xhat * mean(g * xhat))
+    LayerNorm: dx = rstd * (g - xhat * mean(g * xhat) - mean(g))
+    dw = sum over rows of dy * xhat,   db = sum over rows of dy.
+
+``dx`` needs two row reductions, so a row is read whole before any of it is written. ``dw`` and
+``db`` are column sums over all rows: each program accumulates its rows' share in registers and
+writes one fp32 row of partial sums, and ``_norm_dw_kernel`` adds those partial rows up (no
+atomics, a deterministic result). ``_norm_bwd_kernel`` does this with rows held in registers: read
+``x`` and ``dy``, write ``dx``, three passes. Rows too wide for that take two kernels:
+``_norm_bwd_stats_kernel`` computes the two row means, then ``_norm_bwd_dx_kernel`` tiles the
+matrix into column chunks, re-reads ``x`` and ``dy`` and writes ``dx`` (five passes).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import bench, device, roofline
+from kernels.softmax import as_rows, check_float, num_warps_for
+
+# Rows narrower than TILE elements are packed several to a program (as in kernels.softmax).
+TILE = 4096
+# Widest power-of-two row the forward kernel keeps in registers. At 65,536 columns x and w no
+# longer fit in an SM's register file and spill: on an H100, bf16 LayerNorm in registers reached
+# 0.49 of the copy bandwidth there, the looped kernel 0.68.
+MAX_FUSED_BLOCK = 32768
+# The backward keeps x, dy, w, xhat and the dw/db accumulators per element: registers run out
+# sooner. At 16,384 columns LayerNorm's backward spilled heavily on an H100 and reached 0.10 of
+# the copy bandwidth; the two-step kernels reach 0.59.
+MAX_FUSED_BLOCK_BWD = 8192
+# Column chunk of the looped and tiled kernels and its warps.
+LOOP_BLOCK = 4096
+LOOP_WARPS = 16
+# Software-pipelining depth of the in-register backward's loop over rows.
+BWD_STAGES = 3
+# Programs per SM of the two-step backward's dx kernel (each writes one row of dw partial sums).
+TWO_STEP_PROGRAMS_PER_SM = 2
+
+
+@triton.jit
+def _norm_fwd_kernel(
+    # pointers (b_ptr is unused when HAS_BIAS is False, mean_ptr when IS_RMS is True)
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    # sizes
+    n_rows,
+    n_cols,
+    eps,
+    # strides (elements between row starts; columns are contiguous)
+    stride_x_row,
+    stride_y_row,
+    # meta-parameters
+    IS_RMS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # BLOCK_M whole rows per program, in registers: x is read once and y written once.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    row_mask = rows < n_rows
+    # Rows past the end (last program only) recompute the last row; the masked stores drop them.
+    rows64 = tl.minimum(rows, n_rows - 1).to(tl.int64)
+    x = tl.load(
+        x_ptr + rows64[:, None] * stride_x_row + cols[None, :], mask=col_mask[None, :], other=0.0
+    ).to(tl.float32)
+    # Two-pass statistics over registers (mean first, then squares of x - mean): no cancellation,
+    # and no extra HBM traffic, since the row is already on chip.
+    if IS_RMS:
+        xc = x
+    else:
+        mean = tl.sum(x, axis=1) / n_cols
+        xc = tl.where(col_mask[None, :], x - mean[:, None], 0.0)
+        tl.store(mean_ptr + rows, mean, mask=row_mask)
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
+    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = xc * rstd[:, None] * w[None, :]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(
+        y_ptr + rows64[:, None] * stride_y_row + cols[None, :],
+        y.to(y_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & col_mask[None, :],
+    )
+
+
+@triton.jit
+def _norm_fwd_looped_kernel(
+    # pointers
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    # sizes
+    n_cols,
+    eps,
+    # strides
+    stride_x_row,
+    stride_y_row,
+    # meta-parameters
+    IS_RMS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # One row per program, in BLOCK_N chunks: a statistics pass, then a normalise pass that
+    # re-reads the row (read 2*C elements, write C).
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x_row
+    y_row = y_ptr + row * stride_y_row
+    cols = tl.arange(0, BLOCK_N)
+    # One pass over the row gives sum(d) and sum(d^2) per lane. For LayerNorm d = x - K with K the
+    # row's first element (the "shifted data" algorithm): var = E[d^2] - E[d]^2 then does not
+    # cancel catastrophically when |mean| is much larger than the spread of the row.
+    shift = 0.0
+    if not IS_RMS:
+        shift = tl.load(x_row).to(tl.float32)
+    s1 = tl.zeros([BLOCK_N], tl.float32)
+    s2 = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - shift, 0.0)
+        s1 += d
+        s2 += d * d
+    if IS_RMS:
+        mean = 0.0
+        var = tl.sum(s2, axis=0) / n_cols
+    else:
+        mean_d = tl.sum(s1, axis=0) / n_cols
+        mean = shift + mean_d
+        var = tl.maximum(tl.sum(s2, axis=0) / n_cols - mean_d * mean_d, 0.0)
+        tl.store(mean_ptr + row, mean)
+    rstd = tl.rsqrt(var + eps)
+    tl.store(rstd_ptr + row, rstd)
+    # Normalise pass, last chunk first: the chunks read last are the likeliest still in L2.
+    n_chunks = tl.cdiv(n_cols, BLOCK_N)
+    for i in range(0, n_chunks):
+        offs = (n_chunks - 1 - i) * BLOCK_N + cols
+        mask = offs < n_cols
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd * w
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _norm_bwd_kernel(
+    # pointers (mean_ptr unused when IS_RMS; db_partial_ptr unused without HAS_BIAS)
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_partial_ptr,
+    db_partial_ptr,
+    # sizes
+    n_rows,
+    n_cols,
+    # strides
+    stride_dy_row,
+    stride_x_row,
+    stride_dx_row,
+    # meta-parameters
+    IS_RMS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    # A persistent grid, as many programs as fit on the GPU at once: each loops over blocks of
+    # BLOCK_M rows, reads x and dy once, writes dx once, and keeps its share of dw (and db) in
+    # registers until the end.
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    n_blocks = tl.cdiv(n_rows, BLOCK_M)
+    for block in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=NUM_STAGES):
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < n_rows
+        mask = row_mask[:, None] & col_mask[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        # Masked elements load 0: with dy = 0 and w = 0 there they add nothing to any sum.
+        x = tl.load(x_ptr + rows64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + rows64 * stride_dy_row + cols[None, :], mask=mask, other=0.0)
+        x, dy = x.to(tl.float32), dy.to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        if IS_RMS:
+            xhat = x * rstd[:, None]
+        else:
+            mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+            xhat = (x - mean[:, None]) * rstd[:, None]
+        g = dy * w[None, :]
+        c1 = tl.sum(xhat * g, axis=1) / n_cols
+        if IS_RMS:
+            dx = (g - xhat * c1[:, None]) * rstd[:, None]
+        else:
+            c2 = tl.sum(g, axis=1) / n_cols
+            dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(
+            dx_ptr + rows64 * stride_dx_row + cols[None, :],
+            dx.to(dx_ptr.dtype.element_ty),
+            mask=mask,
+        )
+        dw_acc += dy * xhat
+        if HAS_BIAS:
+            db_acc += dy
+    # One row of fp32 partial sums per program; _norm_dw_kernel adds them up.
+    partial = tl.program_id(0).to(tl.int64) * n_cols + cols
+    tl.store(dw_partial_ptr + partial, tl.sum(dw_acc, axis=0), mask=col_mask)
+    if HAS_BIAS:
+        tl.store(db_partial_ptr + partial, tl.sum(db_acc, axis=0), mask=col_mask)
+
+
+@triton.jit
+def _norm_bwd_stats_kernel(
+    # pointers
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    c1_ptr,
+    c2_ptr,
+    # sizes
+    n_cols,
+    # strides
+    stride_dy_row,
+    stride_x_row,
+    # meta-parameters
+    IS_RMS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Wide rows, step 1 of 2, one row per program: the two row means of the dx formula,
+    # c1 = mean(g * xhat) and c2 = mean(g) for g = w * dy. Reads x and dy; writes 2 fp32 per row.
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x_row
+    dy_row = dy_ptr + row * stride_dy_row
+    cols = tl.arange(0, BLOCK_N)
+    rstd = tl.load(rstd_ptr + row)
+    mean = 0.0
+    if not IS_RMS:
+        mean = tl.load(mean_ptr + row)
+    s1 = tl.zeros([BLOCK_N], tl.float32)
+    s2 = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_row + offs, mask=mask, other=0.0).to(tl.float32)
+        g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        s1 += g * (x - mean) * rstd
+        s2 += g
+    tl.store(c1_ptr + row, tl.sum(s1, axis=0) / n_cols)
+    tl.store(c2_ptr + row, tl.sum(s2, axis=0) / n_cols)
+
+
+@triton.jit
+def _norm_bwd_dx_kernel(
+    # pointers
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    c1_ptr,
+    c2_ptr,
+    dx_ptr,
+    dw_partial_ptr,
+    db_partial_ptr,
+    # sizes
+    n_rows,
+    n_cols,
+    # strides
+    stride_dy_row,
+    stride_x_row,
+    stride_dx_row,
+    # meta-parameters
+    IS_RMS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Wide rows, step 2 of 2: program (j, g) owns column chunk j and every G-th row starting at g.
+    # With c1, c2 known, dx is elementwise; dw and db for chunk j accumulate in registers.
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_N], tl.float32)
+    db_acc = tl.zeros([BLOCK_N], tl.float32)
+    for row in tl.range(tl.program_id(1), n_rows, tl.num_programs(1)):
+        row64 = tl.cast(row, tl.int64)
+        x = tl.load(x_ptr + row64 * stride_x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row64 * stride_dy_row + cols, mask=col_mask, other=0.0)
+        dy = dy.to(tl.float32)
+        rstd = tl.load(rstd_ptr + row)
+        if IS_RMS:
+            xhat = x * rstd
+            dx = (dy * w - xhat * tl.load(c1_ptr + row)) * rstd
+        else:
+            xhat = (x - tl.load(mean_ptr + row)) * rstd
+            dx = (dy * w - xhat * tl.load(c1_ptr + row) - tl.load(c2_ptr + row)) * rstd
+        tl.store(
+            dx_ptr + row64 * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask
+        )
+        dw_acc += dy * xhat
+        if HAS_BIAS:
+            db_acc += dy
+    partial = tl.program_id(1).to(tl.int64) * n_cols + cols
+    tl.store(dw_partial_ptr + partial, dw_acc, mask=col_mask)
+    if HAS_BIAS:
+        tl.store(db_partial_ptr + partial, db_acc, mask=col_mask)
+
+
+@triton.jit
+def _norm_dw_kernel(
+    # pointers
+    partial_ptr,
+    out_ptr,
+    # sizes
+    n_partials,
+    n_cols,
+    # meta-parameters
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Column sums of the [n_partials, n_cols] fp32 partial sums, rounded once to the weight dtype.
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    for start in range(0, n_partials, BLOCK_P):
+        p = start + tl.arange(0, BLOCK_P)
+        mask = (p[:, None] < n_partials) & (cols[None, :] < n_cols)
+        acc += tl.load(
+            partial_ptr + p[:, None].to(tl.int64) * n_cols + cols[None, :], mask=mask, other=0.0
+        )
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def fwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK) -> dict:
+    """The forward launch for ``[n_rows, n_cols]``: kernel, rows per program, block, warps, grid."""
+    block_n = triton.next_power_of_2(max(n_cols, 1))
+    if block_n > max_fused_block:
+        return dict(
+            kernel="looped",
+            BLOCK_M=1,
+            BLOCK_N=LOOP_BLOCK,
+            num_warps=LOOP_WARPS,
+            programs=n_rows,
+        )
+    block_m = min(max(TILE // block_n, 1), triton.next_power_of_2(max(n_rows, 1)))
+    return dict(
+        kernel="fused",
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=num_warps_for(block_m * block_n),
+        programs=triton.cdiv(n_rows, block_m),
+    )
+
+
+def bwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_BWD) -> dict:
+    """The backward launch: kernel(s), block and warps. ``programs`` is None for the fused kernel:
+    the launcher runs as many as fit on the GPU at once (``resident_programs``)."""
+    cfg = fwd_config(n_rows, n_cols, max_fused_block)
+    if cfg["kernel"] == "looped":
+        programs = TWO_STEP_PROGRAMS_PER_SM * (device.capabilities().sm_count or 2)
+        return dict(cfg, kernel="two-step", programs=programs)
+    # x and dy (and xhat, g, two accumulators) per element: twice the forward's warps. From 1,024
+    # columns a 3-stage pipeline over rows keeps the next rows' loads in flight while this one is
+    # reduced. Measured on an H100, bf16 LayerNorm backward: 0.83 -> 0.94 of the copy bandwidth at
+    # 8,192 columns, 0.86 -> 0.90 at 4,096; at 256 columns (16 rows a program) it lost 3%.
+    tile = cfg["BLOCK_M"] * cfg["BLOCK_N"]
+    stages = BWD_STAGES if cfg["BLOCK_N"] >= 1024 else 1
+    return dict(cfg, num_warps=num_warps_for(2 * tile), programs=None, stages=stages)
+
+
+_RESIDENT: dict[tuple, int] = {}  # resident programs of each compiled backward kernel
+
+
+def resident_programs(kernel) -> int:
+    """How many programs of a compiled Triton kernel the whole GPU holds at once: per SM, the
+    fewest allowed by threads, registers and shared memory, times the number of SMs."""
+    kernel._init_handles()  # loads the binary: fills in n_regs
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    # Older torch builds lack some of these fields: fall back to an A100's (64K registers, 2,048
+    # threads and 164 KiB of shared memory per SM), which an H100 matches or exceeds.
+    max_threads = getattr(props, "max_threads_per_multi_processor", 2048)
+    max_regs = getattr(props, "regs_per_multiprocessor", 65536)
+    max_smem = getattr(props, "shared_memory_per_multiprocessor", 167936)
+    threads = kernel.metadata.num_warps * 32
+    regs = -(-max(kernel.n_regs, 1) // 8) * 8 * threads  # registers are allocated 8 at a time
+    per_sm = min(
+        max_threads // threads, max_regs // regs, max_smem // max(kernel.metadata.shared, 1)
+    )
+    return props.multi_processor_count * max(per_sm, 1)
+
+
+def _check(x, weight, bias, eps) -> None:
+    check_float("x", x)
+    check_float("weight", weight)
+    if bias is not None:
+        check_float("bias", bias)
+    if x.ndim == 0:
+        raise ValueError("x must have at least 1 dimension, got a 0-d tensor")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if t.shape != (x.shape[-1],):
+            raise ValueError(
+                f"{name} must have shape ({x.shape[-1]},) (x's last dimension), got {tuple(t.shape)}"
+            )
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+
+
+def _forward(x, weight, bias, eps, is_rms, cfg=None):
+    """y, mean, rstd for x viewed as rows (mean is None for RMSNorm)."""
+    x2 = as_rows("x", x)
+    n_rows, n_cols = x2.shape
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    rstd = torch.empty(n_rows, device=x.device, dtype=torch.float32)
+    mean = None if is_rms else torch.empty_like(rstd)
+    if x.numel() > 0:
+        cfg = cfg or fwd_config(n_rows, n_cols)
+        _launch_fwd(x2, weight, bias, y.view(-1, n_cols), mean, rstd, eps, cfg)
+    return y, mean, rstd
+
+
+def _launch_fwd(x2, weight, bias, y2, mean, rstd, eps, cfg):
+    """Launch the forward kernel ``cfg`` names; returns Triton's compiled kernel."""
+    n_rows, n_cols = x2.shape
+    ptrs = (x2, weight, weight if bias is None else bias, y2, rstd if mean is None else mean, rstd)
+    tail = (n_cols, float(eps), x2.stride(0), y2.stride(0))
+    meta = dict(IS_RMS=mean is None, HAS_BIAS=bias is not None, num_warps=cfg["num_warps"])
+    if cfg["kernel"] == "fused":
+        return _norm_fwd_kernel[(cfg["programs"],)](
+            *ptrs, n_rows, *tail, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **meta
+        )
+    return _norm_fwd_looped_kernel[(n_rows,)](*ptrs, *tail, BLOCK_N=cfg["BLOCK_N"], **meta)
+
+
+def _backward(dy, x, weight, mean, rstd, has_bias, cfg=None):
+    """dx, dweight, dbias (None without a bias) for x viewed as rows."""
+    x2 = as_rows("x", x)
+    dy2 = as_rows("dy", dy if dy.stride(-1) == 1 or dy.shape[-1] == 1 else dy.contiguous())
+    n_rows, n_cols = x2.shape
+    dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    if x.numel() == 0:
+        dw = torch.zeros_like(weight)
+        return dx, dw, (torch.zeros_like(weight) if has_bias else None)
+    cfg = cfg or bwd_config(n_rows, n_cols)
+    _, dw_part, db_part = _launch_bwd(
+        dy2, x2, weight, mean, rstd, dx.view(-1, n_cols), has_bias, cfg
+    )
+    dw = _sum_partials(dw_part, weight.dtype)
+    db = _sum_partials(db_part, weight.dtype) if has_bias else None
+    return dx, dw, db
+
+
+def _launch_bwd(dy2, x2, weight, mean, rstd, dx2, has_bias, cfg):
+    """Launch the backward kernel(s) ``cfg`` names; returns (compiled dx kernel, dw and db partial
+    sums)."""
+    n_rows, n_cols = x2.shape
+    is_rms = mean is None
+    mean = rstd if is_rms else mean
+    meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, num_warps=cfg["num_warps"])
+    strides = (dy2.stride(0), x2.stride(0), dx2.stride(0))
+    if cfg["kernel"] == "fused":
+        meta |= dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["stages"])
+        blocks = triton.cdiv(n_rows, cfg["BLOCK_M"])
+        if cfg["programs"]:
+            programs = cfg["programs"]
+        elif device.GPU_MODE:
+            key = (x2.dtype, x2.device, tuple(sorted(meta.items())))
+            if key not in _RESIDENT:
+                # Compile (or fetch) without launching to learn the kernel's registers; a
+                # placeholder stands in for the partial sums, whose size depends on the answer.
+                tmp = torch.empty(1, device=x2.device, dtype=torch.float32)
+                try:
+                    compiled = _norm_bwd_kernel.warmup(
+                        dy2, x2, weight, mean, rstd, dx2, tmp, tmp, n_rows, n_cols, *strides,
+                        grid=(1,), **meta,
+                    )  # fmt: skip
+                    _RESIDENT[key] = resident_programs(compiled)
+                except AttributeError:  # a Triton without these (semi-private) hooks
+                    _RESIDENT[key] = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+            programs = _RESIDENT[key]
+        else:
+            programs = 4  # the interpreter runs programs one by one; a few exercise the partials
+        grid = (min(blocks, programs),)  # one row of partial sums per program
+        n_partials = grid[0]
+    else:
+        c1 = torch.empty(n_rows, device=x2.device, dtype=torch.float32)
+        c2 = torch.empty_like(c1)
+        _norm_bwd_stats_kernel[(n_rows,)](
+            dy2, x2, weight, mean, rstd, c1, c2, n_cols, *strides[:2],
+            IS_RMS=is_rms, BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
+        )  # fmt: skip
+        n_chunks = triton.cdiv(n_cols, cfg["BLOCK_N"])
+        grid = (n_chunks, max(1, min(n_rows, cfg["programs"] // n_chunks)))
+        n_partials = grid[1]  # one row of partial sums per group of rows
+    dw_part = torch.empty(n_partials, n_cols, device=x2.device, dtype=torch.float32)
+    db_part = torch.empty_like(dw_part) if has_bias else dw_part
+    if cfg["kernel"] == "fused":
+        kernel = _norm_bwd_kernel[grid](
+            dy2, x2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, n_cols, *strides, **meta
+        )
+    else:
+        kernel = _norm_bwd_dx_kernel[grid](
+            dy2, x2, weight, mean, rstd, c1, c2, dx2, dw_part, db_part, n_rows, n_cols, *strides,
+            BLOCK_N=cfg["BLOCK_N"], **meta,
+        )  # fmt: skip
+    return kernel, dw_part, db_part
+
+
+def _sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Column sums of the fp32 partial sums, in ``dtype``."""
+    n_partials, n_cols = partial.shape
+    out = torch.empty(n_cols, device=partial.device, dtype=dtype)
+    block_n = min(triton.next_power_of_2(n_cols), 256)
+    _norm_dw_kernel[(triton.cdiv(n_cols, block_n),)](
+        partial, out, n_partials, n_cols, BLOCK_P=32, BLOCK_N=block_n, num_warps=4
+    )
+    return out
+
+
+class _Norm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, is_rms):
+        y, mean, rstd = _forward(x, weight, bias, eps, is_rms)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = _backward(dy, x, weight, mean, rstd, ctx.has_bias)
+        return dx, dw, db, None, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm over the last dimension of ``x`` (fp32/fp16/bf16), ``weight`` of x's dtype and
+    shape ``[x.shape[-1]]``; fp32 statistics; differentiable with respect to ``x`` and ``weight``."""
+    _check(x, weight, None, eps)
+    return _Norm.apply(x, weight, None, eps, True)
+
+
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5
+) -> torch.Tensor:
+    """LayerNorm over the last dimension of ``x`` with ``weight`` and optional ``bias`` (both of
+    x's dtype, shape ``[x.shape[-1]]``); fp32 statistics; differentiable in x, weight and bias."""
+    _check(x, weight, bias, eps)
+    return _Norm.apply(x, weight, bias, eps, False)
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """The reference in fp32, returned in x's dtype (differentiable, for checking gradients)."""
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (xf * rstd * weight.float()).to(x.dtype)
+
+
+def layer_norm_ref(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5
+) -> torch.Tensor:
+    """``torch.nn.functional.layer_norm`` in fp32, returned in x's dtype."""
+    b = None if bias is None else bias.float()
+    n = (x.shape[-1],)
+    return torch.nn.functional.layer_norm(x.float(), n, weight.float(), b, eps).to(x.dtype)
+
+
+def eager_layer_norm(x, weight, bias, eps: float = 1e-5):
+    """LayerNorm as separate PyTorch ops: the traffic that a fused kernel saves."""
+    mean = x.mean(dim=-1, keepdim=True)  # read x
+    xc = x - mean  # read x, write xc
+    var = (xc * xc).mean(dim=-1, keepdim=True)  # read xc, write xc^2; read xc^2
+    xhat = xc * torch.rsqrt(var + eps)  # read xc, write xhat
+    return xhat * weight + bias  # read xhat, write t; read t, write y
+
+
+# Full-size HBM passes of each version of the LayerNorm forward (one [R, C] read or write = 1).
+EAGER_LN_PASSES = {
+    "mean": 1, "x - mean": 2, "xc * xc": 2, "mean(xc^2)": 1, "xc * rstd": 2, "* w": 2, "+ b": 2,
+}  # fmt: skip
+FUSED_FWD_PASSES = 2  # read x, write y
+FUSED_BWD_PASSES = 3  # read x and dy, write dx
+TWO_STEP_BWD_PASSES = 5  # read x and dy twice, write dx
+
+
+def _spec(kernel, signature: dict, constexprs: dict, num_warps: int) -> dict:
+    return dict(
+        kernel=kernel, signature=signature, constexprs=constexprs, options={"num_warps": num_warps}
+    )
+
+
+def _compile_specs() -> list[dict]:
+    specs = []
+    i32, i64, f32 = "i32", "i64", "fp32"
+    for t in ("fp32", "bf16"):
+        ptr, fptr = f"*{t}", "*fp32"
+        fwd_sig = {"x_ptr": ptr, "w_ptr": ptr, "b_ptr": ptr, "y_ptr": ptr, "mean_ptr": fptr}
+        fwd_sig |= {"rstd_ptr": fptr, "n_rows": i32, "n_cols": i32, "eps": f32}
+        fwd_sig |= {"stride_x_row": i64, "stride_y_row": i64}
+        bwd_sig = {"dy_ptr": ptr, "x_ptr": ptr, "w_ptr": ptr, "mean_ptr": fptr, "rstd_ptr": fptr}
+        for is_rms, has_bias in ((True, False), (False, True)):
+            flags = {"IS_RMS": is_rms, "HAS_BIAS": has_bias}
+            for bm, bn in ((16, 256), (1, MAX_FUSED_BLOCK)):
+                specs.append(
+                    _spec(_norm_fwd_kernel, fwd_sig, flags | {"BLOCK_M": bm, "BLOCK_N": bn},
+                          num_warps_for(bm * bn))
+                )  # fmt: skip
+            sig = {k: v for k, v in fwd_sig.items() if k != "n_rows"}
+            specs.append(
+                _spec(
+                    _norm_fwd_looped_kernel,
+                    sig,
+                    flags | {"BLOCK_N": LOOP_BLOCK},
+                    LOOP_WARPS,
+                )
+            )
+            sig = bwd_sig | {"dx_ptr": ptr, "dw_partial_ptr": fptr, "db_partial_ptr": fptr}
+            sig |= {"n_rows": i32, "n_cols": i32}
+            sig |= {"stride_dy_row": i64, "stride_x_row": i64, "stride_dx_row": i64}
+            for bm, bn in ((16, 256), (1, MAX_FUSED_BLOCK_BWD)):
+                specs.append(
+                    _spec(_norm_bwd_kernel, sig,
+                          flags | {"BLOCK_M": bm, "BLOCK_N": bn, "NUM_STAGES": BWD_STAGES},
+                          num_warps_for(2 * bm * bn))
+                )  # fmt: skip
+            sig = bwd_sig | {"c1_ptr": fptr, "c2_ptr": fptr, "n_cols": i32}
+            sig |= {"stride_dy_row": i64, "stride_x_row": i64}
+            specs.append(
+                _spec(_norm_bwd_stats_kernel, sig,
+                      {"IS_RMS": is_rms, "BLOCK_N": LOOP_BLOCK},
+                      LOOP_WARPS)
+            )  # fmt: skip
+            sig = bwd_sig | {"c1_ptr": fptr, "c2_ptr": fptr, "dx_ptr": ptr}
+            sig |= {"dw_partial_ptr": fptr, "db_partial_ptr": fptr, "n_rows": i32, "n_cols": i32}
+            sig |= {"stride_dy_row": i64, "stride_x_row": i64, "stride_dx_row": i64}
+            specs.append(
+                _spec(_norm_bwd_dx_kernel, sig, flags | {"BLOCK_N": LOOP_BLOCK},
+                      LOOP_WARPS)
+            )  # fmt: skip
+        sig = {"partial_ptr": fptr, "out_ptr": ptr, "n_partials": i32, "n_cols": i32}
+        specs.append(_spec(_norm_dw_kernel, sig, {"BLOCK_P": 32, "BLOCK_N": 256}, 4))
+    return specs
+
+
+# Signatures for the ahead-of-time compile check (tests compile every kernel for sm_90 and sm_75).
+COMPILE_SPECS = _compile_specs()
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+WIDTHS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
+TENSOR_BYTES = 2**29  # each [rows, width] input: 512 MiB, ten times the H100's L2
+
+
+def make_inputs(rows: int, cols: int, dtype: torch.dtype, dev=None, seed: int = 0):
+    """x, weight, bias and an upstream gradient dy, random, on ``dev`` (default: the device)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dev = dev or device.DEVICE
+
+    def rnd(*shape, scale=1.0, shift=0.0):
+        return (torch.randn(*shape, generator=g) * scale + shift).to(dev, dtype)
+
+    return rnd(rows, cols), rnd(cols, scale=0.1, shift=1.0), rnd(cols, scale=0.1), rnd(rows, cols)
+
+
+def _torch_norm(kind: str, x, w, b, n: int):
+    if kind == "rms_norm":
+        return torch.nn.functional.rms_norm(x, (n,), w, 1e-6)
+    return torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5)
+
+
+def _bench_shape(kind: str, x, wt, b, dy, copy: roofline.Ceiling) -> list[dict]:
+    """Ours and PyTorch's ``kind`` (rms_norm or layer_norm), forward and backward, on one shape."""
+    n, es = x.shape[-1], x.element_size()
+    bias = b if kind == "layer_norm" else None
+    if kind == "rms_norm":
+        ours_f = lambda: rms_norm(x, wt)  # noqa: E731
+    else:
+        ours_f = lambda: layer_norm(x, wt, bias)  # noqa: E731
+    torch_f = lambda: _torch_norm(kind, x, wt, bias, n)  # noqa: E731
+    torch.testing.assert_close(ours_f(), torch_f(), rtol=2e-2, atol=2e-2)
+    fwd = {
+        "triton": bench.measure(ours_f, bytes=FUSED_FWD_PASSES * x.numel() * es),
+        "torch": bench.measure(torch_f, bytes=FUSED_FWD_PASSES * x.numel() * es),
+    }
+    # Backward through autograd for both, so both pay the same framework overhead.
+    bwd = {}
+    for name, f in (("triton", ours_f), ("torch", torch_f)):
+        leaves = [t.requires_grad_() for t in (x, wt, bias) if t is not None]
+        y = f()
+        bwd[name] = bench.measure(
+            lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True),  # noqa: B023
+            bytes=FUSED_BWD_PASSES * x.numel() * es,
+        )
+        for t in leaves:
+            t.requires_grad_(False)
+    ceil, shape, recs = ("copy", copy.value), list(x.shape), []
+    for op, m in ((f"{kind}_fwd", fwd), (f"{kind}_bwd", bwd)):
+        base = ("torch", m["torch"])
+        recs.append(bench.record(op, "triton", shape, x.dtype, m["triton"], baseline=base,
+                                 ceiling=ceil))  # fmt: skip
+        recs.append(bench.record(op, "torch", shape, x.dtype, m["torch"], ceiling=ceil))
+    return recs
+
+
+@bench.register("norms")
+def _bench_norms(quick: bool) -> list[dict]:
+    copy = roofline.copy_bandwidth()
+    widths = [4096] if quick else WIDTHS
+    dtypes = [device.preferred_dtype(torch.bfloat16)] + ([] if quick else [torch.float32])
+    tensor_bytes = TENSOR_BYTES if device.GPU_MODE else 2**15
+    if not device.GPU_MODE:
+        widths = [256, 1000]
+    recs = []
+    for dtype in dtypes:
+        for w in widths:
+            rows = max(1, tensor_bytes // (w * torch.empty((), dtype=dtype).element_size()))
+            x, wt, b, dy = make_inputs(rows, w, dtype)
+            for kind in ("rms_norm", "layer_norm"):
+                recs += _bench_shape(kind, x, wt, b, dy, copy)
+    return recs

@@ -1,0 +1,180 @@
+import pytest
+import torch
+
+from kernels import device, norms
+
+SHAPES = [(3, 1), (200, 3), (7, 257), (4, 1000), (2, 4097), (2, 3, 33)]
+# (dtype, rtol, atol) against the fp32 reference. fp32: reductions in a different order, a few
+# ulp of each sum. bf16: one rounding of the output to 8 bits, one more ulp from the interpreter.
+DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 2**-7, 2e-2)]
+# Forcing the wide-row kernels at any width: looped forward, two-step backward.
+PATHS = {"fused": (norms.MAX_FUSED_BLOCK, norms.MAX_FUSED_BLOCK_BWD), "wide": (0, 0)}
+KINDS = ["rms_norm", "layer_norm"]
+
+
+def _run(kind, x, w, b, path):
+    """Our forward and backward through the launchers, forcing one path."""
+    is_rms = kind == "rms_norm"
+    bias = None if is_rms else b
+    eps = 1e-6 if is_rms else 1e-5
+    fwd_cfg = norms.fwd_config(*norms.as_rows("x", x).shape, PATHS[path][0])
+    bwd_cfg = norms.bwd_config(*norms.as_rows("x", x).shape, PATHS[path][1])
+    y, mean, rstd = norms._forward(x, w, bias, eps, is_rms, fwd_cfg)
+    return y, mean, rstd, bias, eps, bwd_cfg
+
+
+def _reference(kind, x, w, bias, dy):
+    """fp32 reference output and gradients (of x, weight and bias), through torch autograd."""
+    xs = [
+        t.detach().float().requires_grad_() for t in (x, w) + ((bias,) if bias is not None else ())
+    ]
+    if kind == "rms_norm":
+        y = norms.rms_norm_ref(*xs)
+    else:
+        y = norms.layer_norm_ref(*xs)
+    grads = torch.autograd.grad(y, xs, dy.float())
+    return y, grads
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype, rtol, atol", DTYPES)
+def test_forward_and_backward_match_reference(path, kind, shape, dtype, rtol, atol):
+    x, w, b, dy = norms.make_inputs(shape[0] if len(shape) == 2 else 6, shape[-1], dtype)
+    x, dy = x.reshape(shape) * 2 + 1, dy.reshape(shape)  # a non-zero mean for LayerNorm
+    y, mean, rstd, bias, eps, bwd_cfg = _run(kind, x, w, b, path)
+    y_ref, grads_ref = _reference(kind, x, w, bias, dy)
+    assert y.shape == x.shape and y.dtype == dtype
+    torch.testing.assert_close(y, y_ref.to(dtype), rtol=rtol, atol=atol)
+    grads = norms._backward(dy, x, w, mean, rstd, bias is not None, bwd_cfg)
+    grads = [g for g in grads if g is not None]
+    assert len(grads) == len(grads_ref)
+    # Gradients: dx per row as above; dw, db sum over rows, so scale atol with the row count.
+    n_rows = x.numel() // x.shape[-1]
+    for i, (g, r) in enumerate(zip(grads, grads_ref)):
+        assert g.dtype == dtype
+        if shape[-1] == 1 and i == 0:
+            # One column: the output does not depend on x (LayerNorm gives b, RMSNorm sign(x) w),
+            # so dx is zero up to round-off that rstd ~ 1/sqrt(eps) amplifies. Check its size.
+            assert g.float().abs().max() < 1e-2 and r.abs().max() < 1e-2
+            continue
+        scale = 1 if i == 0 else n_rows**0.5
+        torch.testing.assert_close(g, r.to(dtype), rtol=rtol, atol=atol * scale)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_autograd_function(kind):
+    # The public functions through torch.autograd, against F.layer_norm / the RMS reference.
+    x, w, b, dy = norms.make_inputs(9, 300, torch.float32)
+    params = [x.requires_grad_(), w.requires_grad_()]
+    if kind == "rms_norm":
+        y = norms.rms_norm(x, w)
+    else:
+        params.append(b.requires_grad_())
+        y = norms.layer_norm(x, w, b)
+    grads = torch.autograd.grad(y, params, dy)
+    y_ref, grads_ref = _reference(kind, x, w, b if kind == "layer_norm" else None, dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, grads_ref):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+def test_layer_norm_without_bias_and_rms_against_torch():
+    x, w, _, _ = norms.make_inputs(5, 64, torch.float32)
+    ref = torch.nn.functional.layer_norm(x, (64,), w, None, 1e-5)
+    torch.testing.assert_close(norms.layer_norm(x, w), ref, rtol=1e-5, atol=1e-5)
+    if hasattr(torch.nn.functional, "rms_norm"):
+        ref = torch.nn.functional.rms_norm(x, (64,), w, 1e-6)
+        torch.testing.assert_close(norms.rms_norm(x, w), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_layer_norm_large_mean(path):
+    # |mean| 1000 times the spread: the looped kernel's shifted sums must not cancel.
+    x, w, b, _ = norms.make_inputs(4, 1000, torch.float32)
+    x = x + 1000.0
+    y, *_ = _run("layer_norm", x, w, b, path)
+    ref = torch.nn.functional.layer_norm(x.double(), (1000,), w.double(), b.double(), 1e-5)
+    torch.testing.assert_close(y.double(), ref, rtol=0, atol=2e-3)
+
+
+def test_backward_sums_partials_over_several_programs():
+    # More row blocks than programs: each program accumulates several blocks of dw, and the
+    # partial-sum reduction adds the programs' rows.
+    x, w, b, dy = norms.make_inputs(100, 500, torch.float32)
+    cfg = norms.bwd_config(100, 500)
+    assert cfg["BLOCK_M"] * 4 * 2 < 100  # the interpreter runs 4 programs: each loops twice or more
+    y, mean, rstd = norms._forward(x, w, b, 1e-5, False)
+    dx, dw, db = norms._backward(dy, x, w, mean, rstd, True)
+    _, (_, dw_ref, db_ref) = _reference("layer_norm", x, w, b, dy)
+    torch.testing.assert_close(dw, dw_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(db, db_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_row_strided_input():
+    base, w, b, _ = norms.make_inputs(6, 300, torch.float32)
+    x = base[:, :257]
+    ref = torch.nn.functional.layer_norm(x, (257,), w[:257], b[:257], 1e-5)
+    torch.testing.assert_close(norms.layer_norm(x, w[:257], b[:257]), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_empty():
+    x = torch.empty(0, 8, device=device.DEVICE)
+    w = torch.ones(8, device=device.DEVICE)
+    assert norms.rms_norm(x, w).shape == (0, 8)
+    x.requires_grad_()
+    w.requires_grad_()
+    y = norms.layer_norm(x, w, torch.zeros(8, device=device.DEVICE))
+    (dw,) = torch.autograd.grad(y, w, torch.empty_like(y))
+    assert torch.equal(dw, torch.zeros_like(w))
+
+
+def _bad(**kw):
+    args = dict(x=torch.zeros(4, 8), weight=torch.ones(8), bias=torch.zeros(8), eps=1e-5)
+    args.update(kw)
+    return args
+
+
+@pytest.mark.parametrize(
+    "args, err, match",
+    [
+        (_bad(x=torch.zeros(4, 8, dtype=torch.float64)), TypeError, "x must have dtype"),
+        (_bad(x=[1.0]), TypeError, "x must be a torch.Tensor"),
+        (_bad(weight=torch.ones(7)), ValueError, r"weight must have shape \(8,\)"),
+        (_bad(weight=torch.ones(8, dtype=torch.bfloat16)), TypeError, "weight must have x's dtype"),
+        (_bad(bias=torch.zeros(2, 4)), ValueError, r"bias must have shape \(8,\)"),
+        (_bad(weight=torch.ones(16)[::2]), ValueError, "weight must be contiguous"),
+        (_bad(eps=-1.0), ValueError, "eps must be a non-negative number"),
+        (_bad(eps="small"), ValueError, "eps must be a non-negative number"),
+        (_bad(x=torch.zeros(())), ValueError, "at least 1 dimension"),
+        (_bad(x=torch.zeros(8, 4).t()), ValueError, "x must have a contiguous last dimension"),
+    ],
+)
+def test_rejects_bad_input(args, err, match):
+    with pytest.raises(err, match=match):
+        norms.layer_norm(**args)
+    if "bias" not in match:
+        rms_args = {k: v for k, v in args.items() if k != "bias"}
+        rms_args["eps"] = args["eps"]
+        with pytest.raises(err, match=match):
+            norms.rms_norm(**rms_args)
+
+
+@pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU: Triton's compiled kernels")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [4096, 8192, 20000, 32768, 65536])
+def test_wide_rows_on_gpu(kind, n):
+    x, w, b, dy = norms.make_inputs(33, n, torch.bfloat16)
+    x = x * 2 + 1
+    for path in PATHS:
+        y, mean, rstd, bias, eps, bwd_cfg = _run(kind, x, w, b, path)
+        grads = [
+            g
+            for g in norms._backward(dy, x, w, mean, rstd, bias is not None, bwd_cfg)
+            if g is not None
+        ]
+        y_ref, grads_ref = _reference(kind, x, w, bias, dy)
+        for out, ref in zip([y, *grads], [y_ref, *grads_ref]):
+            rel = ((out.float() - ref).norm() / ref.norm()).item()
+            assert rel < 8e-3, (path, rel)
