@@ -193,6 +193,9 @@ BENCH_MODULES = [
     "kernels.flash_attention",
     "kernels.softmax",
     "kernels.norms",
+    "kernels.megakernel",
+    "kernels.trees",
+    "kernels.quant",
 ]
 
 

@@ -1,0 +1,393 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import device, quant
+
+DEV = device.DEVICE
+# Triton's interpreter computes bf16 wrongly (a known limitation): bf16 is checked on GPUs only.
+DTYPES = [torch.float16] + ([torch.bfloat16] if device.GPU_MODE else [])
+# (bits, group_size): int8 per channel and grouped, int4 grouped and per channel.
+SCHEMES = [(8, None), (8, 64), (4, 32), (4, 128), (4, None)]
+SHAPES = [(1, 33, 256), (3, 17, 384), (5, 40, 128), (16, 24, 256), (37, 65, 512)] + (
+    [(1, 4100, 4096), (4, 1823, 2048), (16, 8192, 1024), (200, 1000, 2048)]
+    if device.GPU_MODE
+    else []
+)
+
+
+def _rel(out, ref) -> float:
+    return quant.relative_error(out.float(), ref.float())
+
+
+# --------------------------------------------------------------------------- quantize / dequantize
+
+
+@pytest.mark.parametrize("bits, group", SCHEMES)
+def test_quantize_round_trip(bits, group):
+    n, k = 24, 256
+    w = torch.randn(n, k) * 0.05
+    qw = quant.quantize(w, bits, group)
+    g = group or k
+    assert qw.shape == (n, k) and qw.group_size == g and qw.bits == bits
+    assert qw.scales.shape == (n, k // g) and qw.scales.dtype == torch.float16
+    assert qw.data.shape == ((n, k) if bits == 8 else (n, k // 2))
+    assert qw.data.dtype == (torch.int8 if bits == 8 else torch.uint8)
+    q = quant.unpack(qw)
+    qmax = 2 ** (bits - 1) - 1
+    assert q.abs().max() <= qmax and q.abs().max() == qmax  # the absmax lands on the top level
+    # Round to nearest: every value is within half a step of its group's grid.
+    step = qw.scales.float().repeat_interleave(g, dim=1)
+    assert ((quant.dequantize(qw) - w).abs() <= 0.5 * step + 1e-7).all()
+    assert qw.nbytes == qw.data.numel() * qw.data.element_size() + 2 * qw.scales.numel()
+
+
+def test_int4_packing_layout():
+    # Byte j of a row: value j in the low nibble, value j + K/2 in the high one, each as q + 8.
+    k = 64
+    q = torch.arange(-7, 8).repeat(5)[:k].float()
+    w = q[None, :].repeat(3, 1)
+    qw = quant.quantize(w, 4, None)  # amax 7 -> scale 1: codes are the values themselves
+    assert torch.equal(qw.scales.float(), torch.ones(3, 1))
+    lo, hi = (qw.data & 0xF).int() - 8, (qw.data >> 4).int() - 8
+    assert torch.equal(lo[0], q[: k // 2].int()) and torch.equal(hi[0], q[k // 2 :].int())
+    assert torch.equal(quant.unpack(qw)[0].float(), q)
+
+
+def test_quantize_error_shrinks_with_bits_and_groups():
+    w = quant.student_t((64, 1024), df=4, seed=3)
+    err = {
+        s: quant.relative_error(quant.fake_quantize_weight(w, s), w) for s in quant.WEIGHT_SCHEMES
+    }
+    assert err["bf16"] < err["int8"] < err["int4-g32"] < err["int4-g128"] < err["int4"]
+    # int8: 127 levels, a relative error of about 1%; int4 per channel on heavy tails: tens of %.
+    assert 0.003 < err["int8"] < 0.03 and 0.1 < err["int4"] < 0.5
+
+
+def test_zero_group_and_bytes_model():
+    w = torch.zeros(4, 64)
+    w[0, 5] = 1.75  # amax 1.75: scale 0.25, exact in fp16
+    qw = quant.quantize(w, 4, 32)
+    assert torch.equal(quant.dequantize(qw), w)  # all-zero groups get scale 1 and stay zero
+    # int4, groups of 128: 4 bits plus 16 bits per 128 values = 4.125 bits per weight.
+    qw = quant.quantize(torch.randn(8, 1024), 4, 128)
+    assert math.isclose(qw.bits_per_weight, 4.125)
+    assert quant.gemv_bytes(1, 8192, 8192, 4, 128) == 8192 * 4096 + 2 * 8192 * 64 + 2 * 8192 * 2
+    assert quant.gemv_bytes(1, 8192, 8192, "bf16") == 2 * 8192 * 8192 + 4 * 8192
+
+
+@pytest.mark.parametrize(
+    "w, kw, err, match",
+    [
+        ([[1.0]], {}, TypeError, "w must be a torch.Tensor"),
+        (torch.zeros(4, 64, dtype=torch.int32), {}, TypeError, "floating-point"),
+        (torch.zeros(4), {}, ValueError, "w must be 2-D"),
+        (torch.zeros(4, 63), {"bits": 4, "group_size": None}, ValueError, "must be even"),
+        (torch.zeros(4, 64), {"bits": 3}, ValueError, "bits must be 4 or 8"),
+        (torch.zeros(4, 64), {"bits": 4, "group_size": 48}, ValueError, "group_size must divide"),
+        (torch.zeros(4, 96), {"bits": 4, "group_size": 48}, ValueError, "multiple of 32"),
+        (torch.zeros(0, 64), {}, ValueError, "must not be empty"),
+        (torch.full((2, 128), math.inf), {}, ValueError, "inf or NaN"),
+    ],
+)  # fmt: skip
+def test_quantize_rejects_bad_input(w, kw, err, match):
+    with pytest.raises(err, match=match):
+        quant.quantize(w, **kw)
+
+
+# --------------------------------------------------------------------------- the fused kernels
+
+
+def _gemv_case(m, n, k, bits, group, dtype, path):
+    if bits == 4 and group and k % group:
+        pytest.skip("group does not divide K")
+    if group and k % group:
+        pytest.skip("group does not divide K")
+    w = torch.randn(n, k, device=DEV) * 0.02
+    qw = quant.quantize(w, bits, group)
+    x = torch.randn(m, k, device=DEV, dtype=dtype)
+    y = quant.gemv(x, qw, path=path)
+    assert y.shape == (m, n) and y.dtype == dtype
+    # Against dequantize(qw) @ x in fp32: the kernel's integers and scales are exact, so the only
+    # differences are fp32 summation order and one rounding of the output to 16 bits.
+    ref = x.float() @ quant.dequantize(qw).T
+    assert _rel(y, ref) < (2e-3 if dtype is torch.float16 else 8e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits, group", SCHEMES)
+@pytest.mark.parametrize("mnk", SHAPES)
+def test_gemv_matches_fp32_reference(mnk, bits, group, dtype):
+    _gemv_case(*mnk, bits, group, dtype, None)
+
+
+@pytest.mark.parametrize("bits, group", [(4, 32), (8, None)])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_both_paths_agree_for_small_batches(m, bits, group):
+    for path in ("gemv", "mma"):
+        _gemv_case(m, 48, 256, bits, group, torch.float16, path)
+
+
+@pytest.mark.parametrize("split", [2, 4])
+@pytest.mark.parametrize("path", ["gemv", "mma"])
+def test_split_k(path, split):
+    w = torch.randn(20, 512, device=DEV) * 0.02
+    qw = quant.quantize(w, 4, 64)
+    x = torch.randn(2, 512, device=DEV, dtype=torch.float16)
+    y = quant.gemv(x, qw, path=path, split_k=split)
+    assert _rel(y, quant.gemv_ref(x, qw)) < 2e-3
+
+
+def test_gemv_vector_and_empty_batch():
+    qw = quant.quantize(torch.randn(10, 64, device=DEV), 8, None)
+    x = torch.randn(64, device=DEV, dtype=torch.float16)
+    y = quant.gemv(x, qw)
+    assert y.shape == (10,) and _rel(y, quant.gemv_ref(x[None], qw)[0]) < 2e-3
+    assert quant.gemv(x[:0].reshape(0, 64), qw).shape == (0, 10)
+
+
+def test_gemv_writes_every_output():
+    # NaN-poisoned memory from a previous allocation must not survive: the kernel writes each y.
+    qw = quant.quantize(torch.randn(37, 128, device=DEV), 4, 32)
+    x = torch.randn(3, 128, device=DEV, dtype=torch.float16)
+    torch.full((4096,), math.nan, device=DEV)  # leave NaN behind in the caching allocator
+    assert torch.isfinite(quant.gemv(x, qw)).all()
+
+
+_QW = quant.quantize(torch.randn(8, 64), 4, 32)
+
+
+@pytest.mark.parametrize(
+    "x, qw, kw, err, match",
+    [
+        (torch.zeros(2, 64, dtype=torch.float16), "w", {}, TypeError, "qw must be a QuantizedWeight"),
+        (torch.zeros(2, 64), _QW, {}, TypeError, "x must have dtype"),
+        (torch.zeros(2, 32, dtype=torch.float16), _QW, {}, ValueError, "K = 32"),
+        (torch.zeros(2, 2, 64, dtype=torch.float16), _QW, {}, ValueError, "x must be 1-D"),
+        (torch.zeros(64, 2, dtype=torch.float16).t(), _QW, {}, ValueError, "x must be contiguous"),
+        (torch.zeros(8, 64, dtype=torch.float16), _QW, {"path": "gemv"}, ValueError, "at most 4 rows"),
+        (torch.zeros(2, 64, dtype=torch.float16), _QW, {"path": "cuda"}, ValueError, "path must be"),
+        (torch.zeros(2, 64, dtype=torch.float16), _QW, {"split_k": 3}, ValueError, "split_k must be"),
+    ],
+)  # fmt: skip
+def test_gemv_rejects_bad_input(x, qw, kw, err, match):
+    with pytest.raises(err, match=match):
+        quant.gemv(x.to(DEV), qw, **kw)
+
+
+def test_max_block_k():
+    assert quant.max_block_k(8192, 4096, 128) == 128  # int4, groups of 128
+    assert quant.max_block_k(384, 192, 128) == 64  # K/G odd: the high half starts mid-group
+    assert quant.max_block_k(100, 50, 100) > 1 << 20  # per channel: any tile
+
+
+# --------------------------------------------------------------------------- fp8
+
+
+@pytest.mark.parametrize("gran", ["tensor", "row", "block"])
+def test_quantize_fp8(gran):
+    x = torch.randn(5, 256, device=DEV)
+    x[2, 7] = 300.0  # an outlier: per-tensor scaling pays for it everywhere, row/block locally
+    q, s = quant.quantize_fp8(x, gran)
+    assert q.dtype == quant.fp8_dtype() and q.shape == x.shape and s.dtype == torch.float32
+    assert s.shape == {"tensor": (), "row": (5, 1), "block": (5, 2)}[gran]
+    s_full = s.expand(5, 256) if gran != "block" else s.repeat_interleave(128, dim=1)
+    deq = q.float() * s_full
+    # e4m3 keeps 4 significant bits: each value within half a unit in its last place, 2^-4.
+    err = (deq - x).abs() / x.abs().clamp_min(1e-30)
+    normal = x.abs() >= s_full * 2.0**-6  # above the format's smallest normal, after scaling
+    assert (err[normal] <= 2**-4 + 1e-6).all()
+    # The reference helper of Act 1.5 agrees on per-tensor scaling.
+    if gran == "tensor":
+        from kernels import numerics
+
+        ref = numerics.quantize(x.float(), "fp8_e4m3")
+        torch.testing.assert_close(s, ref.scale)
+        torch.testing.assert_close(deq, ref.dequantize())
+
+
+def test_quantize_fp8_static_scale_and_errors():
+    x = torch.randn(4, 128, device=DEV)
+    q, s = quant.quantize_fp8(x, "tensor", scale=torch.tensor(0.001, device=DEV))
+    assert s.item() == pytest.approx(0.001)
+    assert q.float().abs().max() == quant.FP8_MAX  # saturates instead of overflowing to NaN
+    with pytest.raises(ValueError, match="granularity must be"):
+        quant.quantize_fp8(x, "column")
+    with pytest.raises(ValueError, match="multiple of 128"):
+        quant.quantize_fp8(x[:, :100].contiguous(), "block")
+    with pytest.raises(ValueError, match="per tensor"):
+        quant.quantize_fp8(x, "row", scale=torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("mnk", [(16, 16, 128), (33, 130, 256), (5, 300, 384)])
+def test_fp8_block_matmul(mnk):
+    m, n, k = mnk
+    x = torch.randn(m, k, device=DEV)
+    w = torch.randn(n, k, device=DEV) * 0.02
+    aq, a_s = quant.quantize_fp8(x, "block")
+    bq, b_s = quant.quantize_fp8_weight(w, "block")
+    assert b_s.shape == ((n + 127) // 128, k // 128)
+    out = quant.fp8_block_matmul(aq, a_s, bq, b_s)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    # Same fp8 inputs: only summation order and the bf16 output rounding differ.
+    assert _rel(out, quant.fp8_block_matmul_ref(aq, a_s, bq, b_s)) < 8e-3
+    # Against the unquantized product: e4m3's 4 significant bits on both operands.
+    assert _rel(out, x @ w.T) < 0.06
+
+
+def test_fp8_block_matmul_rejects_bad_scales():
+    aq, a_s = quant.quantize_fp8(torch.randn(4, 128, device=DEV), "block")
+    bq, b_s = quant.quantize_fp8_weight(torch.randn(8, 128, device=DEV), "block")
+    with pytest.raises(ValueError, match="a_scale must be"):
+        quant.fp8_block_matmul(aq, a_s.t().contiguous(), bq, b_s)
+    with pytest.raises(TypeError, match="bq must have dtype"):
+        quant.fp8_block_matmul(aq, a_s, bq.float(), b_s)
+
+
+@pytest.mark.skipif(
+    not (device.GPU_MODE and device.capabilities().fp8), reason="needs fp8 tensor cores"
+)
+@pytest.mark.parametrize("gran", ["tensor", "row"])
+def test_fp8_linear(gran):
+    x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(96, 512, device="cuda", dtype=torch.bfloat16) * 0.02
+    xq, xs = quant.quantize_fp8(x, gran)
+    wq, ws = quant.quantize_fp8_weight(w, gran)
+    out = quant.fp8_linear(xq, xs, wq, ws)
+    ref = (xq.float() * xs) @ (
+        wq.float() * ws.reshape(-1, 1) if gran == "row" else wq.float() * ws
+    ).T
+    assert _rel(out, ref) < 8e-3
+
+
+@pytest.mark.skipif(device.GPU_MODE, reason="CPU-only check")
+def test_fp8_linear_needs_a_gpu():
+    with pytest.raises(RuntimeError, match="fp8 tensor cores"):
+        quant.fp8_linear(None, None, None, None)
+
+
+# --------------------------------------------------------------------------- accuracy helpers
+
+
+def test_student_t_is_heavy_tailed():
+    t = quant.student_t((256, 1024), df=3, std=0.02, seed=0)
+    g = torch.randn(256, 1024) * 0.02
+    assert abs(t.std().item() / 0.02 - 1) < 0.25
+    kurt = lambda v: ((v - v.mean()) ** 4).mean() / v.var() ** 2  # noqa: E731
+    assert kurt(t) > 3 * kurt(g)
+    with pytest.raises(ValueError, match="df must be"):
+        quant.student_t((2, 2), df=2)
+
+
+def test_mlp_stack_divergence_orders_schemes():
+    stack = quant.mlp_stack(d=128, f=256, n_layers=2, vocab=256)
+    x = quant.activations(32, 128)
+    ref = quant.mlp_forward(stack, x, "bf16")
+    same = quant.divergence(ref, ref)
+    assert same["kl"] == pytest.approx(0.0, abs=1e-12) and same["top1"] == 1.0
+    kl = {s: quant.divergence(ref, quant.mlp_forward(stack, x, s))["kl"] for s in ("int8", "int4")}
+    assert 0 < kl["int8"] < kl["int4"]
+    w8a8 = quant.divergence(ref, quant.mlp_forward(stack, x, "int8", "int8-tensor"))["kl"]
+    assert w8a8 > kl["int8"]  # quantizing the activations too can only add error here
+    with pytest.raises(ValueError, match="scheme must be"):
+        quant.fake_quantize_weight(torch.zeros(2, 32), "int3")
+    with pytest.raises(ValueError, match="scheme must be"):
+        quant.fake_quantize_act(torch.zeros(2, 32), "int4-token")
+
+
+# --------------------------------------------------------------------------- the PTX, emulated
+# The PTX unpacking only runs on a GPU. This tiny interpreter executes the exact asm strings of
+# kernels/quant.py for every byte value, so their bit tricks are checked on any machine.
+
+
+def _f32(bits: int) -> float:
+    return float(np.frombuffer(np.uint32(bits).tobytes(), dtype=np.float32)[0])
+
+
+def _bits32(v: float) -> int:
+    return int(np.frombuffer(np.float32(v).tobytes(), dtype=np.uint32)[0])
+
+
+def _half(bits: int, kind: str) -> float:
+    if kind == "bf16":
+        return _f32(bits << 16)
+    return float(np.frombuffer(np.uint16(bits).tobytes(), dtype=np.float16)[0])
+
+
+def _to_half(v: float, kind: str) -> int:
+    if kind == "bf16":
+        return int(torch.tensor(v).to(torch.bfloat16).view(torch.int16).item()) & 0xFFFF
+    return int(np.frombuffer(np.float16(v).tobytes(), dtype=np.uint16)[0])
+
+
+def _run_ptx(asm: str, inputs: list[int], n_out: int) -> list[int]:
+    regs = {f"${n_out + i}": v for i, v in enumerate(inputs)}
+
+    def val(tok: str) -> int:
+        tok = tok.strip()
+        if tok in regs:
+            return regs[tok]
+        if tok.startswith("0f"):
+            return int(tok[2:], 16)
+        return int(tok, 0)
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        d, *a = [t.strip() for t in args.split(",")]
+        a = [val(t) for t in a]
+        if op == "mov.b32":
+            r = a[0]
+        elif op == "xor.b32":
+            r = a[0] ^ a[1]
+        elif op == "shr.b32":
+            r = a[0] >> a[1]
+        elif op == "lop3.b32":
+            assert a[3] == 0xEA  # (a & b) | c
+            r = (a[0] & a[1]) | a[2]
+        elif op == "prmt.b32":
+            pool = [(a[0] >> 8 * i) & 0xFF for i in range(4)] + [
+                (a[1] >> 8 * i) & 0xFF for i in range(4)
+            ]
+            r = sum(pool[(a[2] >> 4 * i) & 7] << 8 * i for i in range(4))
+        elif op == "sub.f32":
+            r = _bits32(_f32(a[0]) - _f32(a[1]))
+        elif op in ("fma.rn.bf16x2", "fma.rn.f16x2", "sub.f16x2"):
+            kind = "bf16" if "bf16" in op else "f16"
+            r = 0
+            for h in range(2):
+                x, y = (_half((v >> 16 * h) & 0xFFFF, kind) for v in a[:2])
+                out = (
+                    x * y + _half((a[2] >> 16 * h) & 0xFFFF, kind)
+                    if op.startswith("fma")
+                    else x - y
+                )
+                r |= _to_half(out, kind) << 16 * h
+        else:
+            raise AssertionError(f"emulator does not know {op}")
+        regs[d] = r & 0xFFFFFFFF
+    return [regs[f"${i}"] for i in range(n_out)]
+
+
+def _halves(regs: list[int], kind: str) -> list[float]:
+    return [_half((r >> 16 * h) & 0xFFFF, kind) for r in regs for h in range(2)]
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_ptx_unpacking_is_exact(kind):
+    asm4 = (quant.INT4_BF16_ASM if kind == "bf16" else quant.INT4_FP16_ASM).value
+    asm8 = (quant.INT8_BF16_ASM if kind == "bf16" else quant.INT8_FP16_ASM).value
+    for start in range(0, 256, 4):  # every byte value, in every position of the 32-bit word
+        for rot in range(4):
+            bs = [(start + (i + rot) % 4) % 256 for i in range(4)]
+            word = sum(b << 8 * i for i, b in enumerate(bs))
+            out = _run_ptx(asm4, [word], 4)
+            assert _halves(out[:2], kind) == [(b & 15) - 8 for b in bs]  # low nibbles, in order
+            assert _halves(out[2:], kind) == [(b >> 4) - 8 for b in bs]  # high nibbles
+            signed = [b - 256 if b > 127 else b for b in bs]
+            if -128 not in signed:  # quantize never stores -128
+                assert _halves(_run_ptx(asm8, [word], 2), kind) == signed
