@@ -196,6 +196,7 @@ BENCH_MODULES = [
     "kernels.megakernel",
     "kernels.trees",
     "kernels.quant",
+    "kernels.collectives",
 ]
 
 
