@@ -197,6 +197,8 @@ BENCH_MODULES = [
     "kernels.trees",
     "kernels.quant",
     "kernels.collectives",
+    "kernels.paged_attention",
+    "kernels.decoder",
 ]
 
 

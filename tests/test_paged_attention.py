@@ -1,0 +1,196 @@
+import pytest
+import torch
+
+from kernels import device
+from kernels import paged_attention as pa
+
+# Triton's interpreter computes bf16 wrongly (a known limitation): bf16 is checked on GPUs only.
+DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if device.GPU_MODE else [])
+# Relative error (Frobenius norm) against the fp32 reference: one 16-bit rounding of P and of the
+# output (~5e-4 fp16, ~4e-3 bf16) plus the merge of the splits in fp32.
+TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}
+
+
+def _rel_err(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def _case(seq_lens, n_heads, n_kv, d, page, dtype, seed=0, spare_blocks=3):
+    """A shuffled pool with room for every sequence (plus spares), and its block table."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(seq_lens)
+    per_seq = max(1, -(-max(seq_lens) // page)) + 1  # one extra column: never read
+    num_blocks = 1 + n * per_seq + spare_blocks
+    perm = torch.randperm(num_blocks - 1, generator=g)[: n * per_seq] + 1  # block 0 is the null
+    table = perm.view(n, per_seq).to(torch.int32)
+    k = torch.randn(num_blocks, n_kv, page, d, generator=g).to(dtype)
+    v = torch.randn(num_blocks, n_kv, page, d, generator=g).to(dtype)
+    q = torch.randn(n, n_heads, d, generator=g).to(dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return [t.to(device.DEVICE) for t in (q, k, v, table, lens)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "seq_lens, n_heads, n_kv, d, page, splits",
+    [
+        ([1, 17, 100], 4, 2, 64, 16, None),  # GQA group 2, lengths off every tile
+        ([130, 0, 33], 8, 1, 32, 4, 3),  # MQA (group 8), an empty sequence, several splits
+        ([5, 64], 6, 3, 16, 8, 1),  # one split: the direct path
+        ([40], 2, 2, 128, 16, 7),  # MHA, more splits than tiles: empty splits
+        ([77, 3], 8, 2, 64, 1, 2),  # one-token blocks
+        ([300], 16, 4, 64, 32, 4),  # group 4, long enough for several tiles per split
+    ],
+)
+def test_matches_fp32_reference(seq_lens, n_heads, n_kv, d, page, splits, dtype):
+    q, k, v, table, lens = _case(seq_lens, n_heads, n_kv, d, page, dtype, seed=sum(seq_lens))
+    out = pa.paged_decode(q, k, v, table, lens, num_splits=splits)
+    assert out.shape == q.shape and out.dtype == dtype
+    ref = pa.paged_decode_ref(q, k, v, table, lens)
+    assert _rel_err(out, ref) < TOL[dtype]
+    for b, n in enumerate(seq_lens):
+        if n == 0:  # an empty sequence attends to nothing: zeros, not NaN
+            assert torch.equal(out[b].float(), torch.zeros_like(out[b].float()))
+
+
+def test_fixed_config_matches_autotuned():
+    q, k, v, table, lens = _case([150, 7], 8, 2, 64, 16, torch.float16, seed=7)
+    tuned = pa.paged_decode(q, k, v, table, lens, num_splits=2)
+    for config in [(16, 4, 1), (32, 4, 2), (64, 2, 3)]:
+        fixed = pa.paged_decode(q, k, v, table, lens, num_splits=2, config=config)
+        torch.testing.assert_close(fixed, tuned, rtol=2e-3, atol=2e-3)
+    with pytest.raises(ValueError, match="config"):
+        pa.paged_decode(q, k, v, table, lens, config=(48, 4, 3))
+
+
+def test_splits_do_not_change_the_result():
+    q, k, v, table, lens = _case([250, 91], 4, 2, 64, 16, torch.float32, seed=1)
+    one = pa.paged_decode(q, k, v, table, lens, num_splits=1)
+    for splits in (2, 5, 16):
+        torch.testing.assert_close(
+            pa.paged_decode(q, k, v, table, lens, num_splits=splits), one, rtol=1e-5, atol=1e-6
+        )
+
+
+def test_strided_query():
+    # q as a slice of a fused projection [n_seqs, heads + extra, d]: only head_dim must be contiguous.
+    q, k, v, table, lens = _case([70, 9], 4, 2, 64, 16, torch.float32, seed=6)
+    fused = torch.cat([q, torch.randn_like(q[:, :2])], dim=1)
+    view = fused[:, :4]
+    assert not view.is_contiguous()
+    torch.testing.assert_close(
+        pa.paged_decode(view, k, v, table, lens), pa.paged_decode(q, k, v, table, lens)
+    )
+    with pytest.raises(ValueError, match="last dimension"):
+        pa.paged_decode(q.transpose(1, 2), k, v, table, lens)
+
+
+def test_sm_scale_and_convexity():
+    q, k, v, table, lens = _case([60], 4, 2, 64, 16, torch.float32, seed=2)
+    torch.testing.assert_close(
+        pa.paged_decode(q, k, v, table, lens, 0.3),
+        pa.paged_decode_ref(q, k, v, table, lens, 0.3),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    # With every value row equal to 1, every output is 1 whatever the scores.
+    ones = torch.ones_like(v)
+    out = pa.paged_decode(q, k, ones, table, lens, num_splits=3)
+    torch.testing.assert_close(out, torch.ones_like(out))
+
+
+def test_only_the_block_table_matters():
+    # The same logical cache in two different physical layouts gives the same answer.
+    g = torch.Generator().manual_seed(3)
+    kc = torch.randn(2, 2, 96, 32, generator=g).to(device.DEVICE)
+    vc = torch.randn(2, 2, 96, 32, generator=g).to(device.DEVICE)
+    q = torch.randn(2, 4, 32, generator=g).to(device.DEVICE)
+    lens = torch.tensor([96, 70], dtype=torch.int32, device=device.DEVICE)
+    outs = []
+    for shuffle in (False, True):
+        k, v, table = pa.contiguous_to_paged(kc, vc, 16, shuffle=shuffle, seed=4)
+        outs.append(pa.paged_decode(q, k, v, table, lens))
+        # gather_kv recovers the contiguous cache exactly
+        assert torch.equal(pa.gather_kv(k, table, 96), kc)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
+def test_sdpa_baseline_matches_reference():
+    g = torch.Generator().manual_seed(5)
+    k = torch.randn(2, 2, 64, 32, generator=g).to(device.DEVICE)
+    v = torch.randn(2, 2, 64, 32, generator=g).to(device.DEVICE)
+    q = torch.randn(2, 8, 32, generator=g).to(device.DEVICE)
+    kc, vc, table = pa.contiguous_to_paged(k, v, 16)
+    lens = torch.tensor([64, 64], dtype=torch.int32, device=device.DEVICE)
+    ref = pa.paged_decode_ref(q, kc, vc, table, lens)
+    torch.testing.assert_close(pa.sdpa_decode(q, k, v).float(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_bytes_and_splits_helpers():
+    assert pa.kv_read_bytes([32768] * 8, 8, 128, torch.bfloat16) == 8 * 32768 * 2 * 8 * 128 * 2
+    assert pa.default_num_splits(1, 1, 100) == 1  # too short to split
+    assert 1 <= pa.default_num_splits(64, 8, 32768) <= pa.default_num_splits(1, 8, 32768) <= 64
+
+
+def test_empty_batch():
+    q, k, v, table, lens = _case([5], 2, 1, 16, 4, torch.float16)
+    out = pa.paged_decode(q[:0], k, v, table[:0], lens[:0])
+    assert out.shape == (0, 2, 16)
+
+
+def test_block_allocator():
+    alloc = pa.BlockAllocator(6, 4)
+    assert alloc.num_free == 5 and alloc.num_used == 0  # block 0 is reserved
+    assert alloc.ensure("a", 9) == [1, 2, 3]  # 9 tokens need 3 blocks of 4
+    assert alloc.ensure("a", 12) == [] and alloc.blocks_needed("a", 13) == 1
+    assert alloc.ensure("b", 1) == [4]
+    assert not alloc.can_hold("c", 5)
+    with pytest.raises(MemoryError, match="exhausted"):
+        alloc.ensure("c", 5)
+    assert "c" not in alloc.blocks  # a failed allocation changes nothing
+    alloc.free("a")
+    assert alloc.num_free == 4 and 0 not in alloc.ensure("c", 16)
+
+
+def test_paged_kv_cache_table():
+    cache = pa.PagedKVCache.allocate(
+        2, 1, 16, num_blocks=9, block_size=4, max_seqs=2, max_blocks_per_seq=3,
+        dtype=torch.float16, device=device.DEVICE,
+    )  # fmt: skip
+    cache.ensure(1, 6)
+    cache.sync()
+    assert cache.block_table.cpu().tolist() == [[0, 0, 0], [1, 2, 0]]
+    with pytest.raises(ValueError, match="exceeds"):
+        cache.ensure(0, 13)
+    cache.free(1)
+    cache.sync()
+    assert cache.block_table.cpu().sum() == 0 and cache.allocator.num_used == 0
+    assert cache.bytes() == 2 * 2 * 9 * 4 * 16 * 2
+
+
+def _t(*shape, dtype=torch.float16):
+    return torch.zeros(*shape, dtype=dtype, device=device.DEVICE)
+
+
+_I32 = torch.int32
+
+
+@pytest.mark.parametrize(
+    "args, kw, err, match",
+    [
+        ((_t(2, 4, 64, dtype=torch.int8), _t(9, 2, 16, 64), _t(9, 2, 16, 64), _t(2, 3, dtype=_I32), _t(2, dtype=_I32)), {}, TypeError, "q must have dtype"),
+        ((_t(2, 4, 64), _t(9, 2, 16, 64, dtype=torch.float32), _t(9, 2, 16, 64, dtype=torch.float32), _t(2, 3, dtype=_I32), _t(2, dtype=_I32)), {}, TypeError, "same dtype"),
+        ((_t(2, 4, 64), _t(9, 2, 16, 64), _t(9, 2, 16, 32), _t(2, 3, dtype=_I32), _t(2, dtype=_I32)), {}, ValueError, "same shape"),
+        ((_t(2, 4, 48), _t(9, 2, 16, 48), _t(9, 2, 16, 48), _t(2, 3, dtype=_I32), _t(2, dtype=_I32)), {}, ValueError, "head_dim"),
+        ((_t(2, 3, 64), _t(9, 2, 16, 64), _t(9, 2, 16, 64), _t(2, 3, dtype=_I32), _t(2, dtype=_I32)), {}, ValueError, "multiple"),
+        ((_t(2, 4, 64), _t(9, 2, 12, 64), _t(9, 2, 12, 64), _t(2, 3, dtype=_I32), _t(2, dtype=_I32)), {}, ValueError, "block_size"),
+        ((_t(2, 4, 64), _t(9, 2, 16, 64), _t(9, 2, 16, 64), _t(2, 3, dtype=torch.int64), _t(2, dtype=_I32)), {}, TypeError, "block_table"),
+        ((_t(2, 4, 64), _t(9, 2, 16, 64), _t(9, 2, 16, 64), _t(2, 3, dtype=_I32), _t(3, dtype=_I32)), {}, ValueError, "one row per sequence"),
+        ((_t(2, 4, 64), _t(9, 2, 16, 64), _t(9, 2, 16, 64), _t(2, 3, dtype=_I32), _t(2, dtype=_I32)), {"num_splits": 0}, ValueError, "num_splits"),
+        ((_t(2, 4, 64), _t(9, 2, 16, 64), _t(9, 2, 16, 64), _t(2, 3, dtype=_I32), _t(2, dtype=_I32)), {"sm_scale": -1.0}, ValueError, "sm_scale"),
+        ((_t(2, 4, 64), _t(9, 2, 16, 64), _t(9, 2, 16, 64), _t(2, 3, dtype=_I32).t(), _t(3, dtype=_I32)), {}, ValueError, "contiguous"),
+    ],
+)  # fmt: skip
+def test_bad_input(args, kw, err, match):
+    with pytest.raises(err, match=match):
+        pa.paged_decode(*args, **kw)
