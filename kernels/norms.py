@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from kernels import bench, device, roofline
-from kernels.softmax import as_rows, check_float, num_warps_for
+from kernels.softmax import as_rows, check_float, num_warps_for, row_launch
 
 # Rows narrower than TILE elements are packed several to a program (as in kernels.softmax).
 TILE = 4096
@@ -373,22 +373,13 @@ def _norm_dw_kernel(
 
 def fwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK) -> dict:
     """The forward launch for ``[n_rows, n_cols]``: kernel, rows per program, block, warps, grid."""
-    block_n = triton.next_power_of_2(max(n_cols, 1))
-    if block_n > max_fused_block:
-        return dict(
-            kernel="looped",
-            BLOCK_M=1,
-            BLOCK_N=LOOP_BLOCK,
-            num_warps=LOOP_WARPS,
-            programs=n_rows,
-        )
-    block_m = min(max(TILE // block_n, 1), triton.next_power_of_2(max(n_rows, 1)))
-    return dict(
-        kernel="fused",
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        num_warps=num_warps_for(block_m * block_n),
-        programs=triton.cdiv(n_rows, block_m),
+    return row_launch(
+        n_rows,
+        n_cols,
+        max_fused_block=max_fused_block,
+        loop_block=LOOP_BLOCK,
+        loop_warps=LOOP_WARPS,
+        tile=TILE,
     )
 
 

@@ -177,24 +177,40 @@ def check_float(name: str, x) -> None:
         raise TypeError(f"{name} must have dtype in (float32, float16, bfloat16), got {x.dtype}")
 
 
-def launch_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK) -> dict:
-    """How ``softmax`` launches for a ``[n_rows, n_cols]`` input: the kernel, block and warps."""
+def row_launch(
+    n_rows: int, n_cols: int, *, max_fused_block: int, loop_block: int, loop_warps: int, tile: int
+) -> dict:
+    """The launch of a row-wise kernel on ``[n_rows, n_cols]`` (softmax and the norms share it):
+    rows up to ``max_fused_block`` wide are held whole in registers, ``tile // block`` rows per
+    program; wider rows loop over ``loop_block``-wide chunks, one row per program."""
     block_n = triton.next_power_of_2(max(n_cols, 1))
     if block_n > max_fused_block:
         return dict(
             kernel="looped",
             BLOCK_M=1,
-            BLOCK_N=LOOP_BLOCK,
-            num_warps=LOOP_WARPS,
+            BLOCK_N=loop_block,
+            num_warps=loop_warps,
             programs=n_rows,
         )
-    block_m = min(max(TILE // block_n, 1), triton.next_power_of_2(max(n_rows, 1)))
+    block_m = min(max(tile // block_n, 1), triton.next_power_of_2(max(n_rows, 1)))
     return dict(
         kernel="fused",
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=num_warps_for(block_m * block_n),
         programs=triton.cdiv(n_rows, block_m),
+    )
+
+
+def launch_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK) -> dict:
+    """How ``softmax`` launches for a ``[n_rows, n_cols]`` input: the kernel, block and warps."""
+    return row_launch(
+        n_rows,
+        n_cols,
+        max_fused_block=max_fused_block,
+        loop_block=LOOP_BLOCK,
+        loop_warps=LOOP_WARPS,
+        tile=TILE,
     )
 
 
