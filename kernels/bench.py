@@ -143,7 +143,8 @@ def record(
         "baseline_ms": round(baseline[1].ms, 6) if baseline else None,
         "speedup": round(baseline[1].ms / m.ms, 3) if baseline else None,
         "ceiling": ceiling[0] if ceiling else None,
-        "ceiling_frac": round(achieved / ceiling[1], 3) if ceiling and achieved else None,
+        # 4 significant digits: a tiny op far below its roof is a small number, not 0.0
+        "ceiling_frac": float(f"{achieved / ceiling[1]:.4g}") if ceiling and achieved else None,
         "gpu": cap.name,
         "torch": v["torch"],
         "triton": v["triton"],
