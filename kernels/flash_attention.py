@@ -750,8 +750,8 @@ def bwd_flops(batch: int, heads: int, n_q: int, n_kv: int, head_dim: int, causal
 SDPA_BACKENDS = ("flash", "cudnn", "efficient", "math")
 
 
-def sdpa(q, k, v, causal: bool = False, backend: str = "flash") -> torch.Tensor:
-    """``torch.nn.functional.scaled_dot_product_attention`` forced onto one backend:
+def sdpa_backend(backend: str):
+    """A context manager that forces ``scaled_dot_product_attention`` onto one backend:
     'flash' (FlashAttention-2), 'cudnn', 'efficient' (memory-efficient, xFormers) or 'math'."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -766,7 +766,13 @@ def sdpa(q, k, v, causal: bool = False, backend: str = "flash") -> torch.Tensor:
     member = getattr(SDPBackend, names[backend], None)
     if member is None:
         raise RuntimeError(f"this torch ({torch.__version__}) has no SDPA backend {backend!r}")
-    with sdpa_kernel(member):
+    return sdpa_kernel(member)
+
+
+def sdpa(q, k, v, causal: bool = False, backend: str = "flash") -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` forced onto one backend
+    (see ``sdpa_backend``)."""
+    with sdpa_backend(backend):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 

@@ -447,17 +447,9 @@ def sdpa_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str 
 
     if backend is None:
         return run()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from kernels.flash_attention import sdpa_backend
 
-    names = {
-        "flash": "FLASH_ATTENTION",
-        "efficient": "EFFICIENT_ATTENTION",
-        "cudnn": "CUDNN_ATTENTION",
-        "math": "MATH",
-    }
-    if backend not in names:
-        raise ValueError(f"backend must be None or one of {sorted(names)}, got {backend!r}")
-    with sdpa_kernel(getattr(SDPBackend, names[backend])):
+    with sdpa_backend(backend):
         return run()
 
 
@@ -647,33 +639,28 @@ def _split_spec(t: str, splits: int, min_cc: int) -> dict:
     )
 
 
+def _combine_spec(t: str, head_dim: int, min_cc: int) -> dict:
+    return dict(
+        kernel=_paged_decode_combine_kernel,
+        signature={
+            "o_part_ptr": "*fp32",
+            "lse_ptr": "*fp32",
+            "out_ptr": f"*{t}",
+            "num_splits": "i32",
+        },
+        constexprs={"HEAD_DIM": head_dim, "SPLITS_PAD": 8},
+        min_cc=min_cc,
+    )
+
+
 # bf16 dots need Ampere (8.0); Turing (sm_75) builds the fp16 and fp32 variants.
 COMPILE_SPECS = [
     _split_spec("bf16", 8, 80),
     _split_spec("bf16", 1, 80),
     _split_spec("fp16", 8, 0),
     _split_spec("fp32", 1, 0),
-    dict(
-        kernel=_paged_decode_combine_kernel,
-        signature={
-            "o_part_ptr": "*fp32",
-            "lse_ptr": "*fp32",
-            "out_ptr": "*bf16",
-            "num_splits": "i32",
-        },
-        constexprs={"HEAD_DIM": 128, "SPLITS_PAD": 8},
-        min_cc=80,
-    ),
-    dict(
-        kernel=_paged_decode_combine_kernel,
-        signature={
-            "o_part_ptr": "*fp32",
-            "lse_ptr": "*fp32",
-            "out_ptr": "*fp16",
-            "num_splits": "i32",
-        },
-        constexprs={"HEAD_DIM": 64, "SPLITS_PAD": 8},
-    ),
+    _combine_spec("bf16", 128, 80),
+    _combine_spec("fp16", 64, 0),
 ]
 
 
