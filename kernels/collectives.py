@@ -31,10 +31,12 @@ import torch.distributed as dist
 from kernels import bench
 
 # Sub-chunks of this many bytes are sent, received and summed one after the other, so the sum of one
-# sub-chunk overlaps the transfer of the next. 64 MiB keeps each transfer long (about 0.2 ms at
-# 300 GB/s, well above the ~0.05 ms it takes Python to issue one) while leaving the last, unhidden
-# addition short. notebooks/05a-collectives.ipynb sweeps this choice.
-DEFAULT_SUB_CHUNK_BYTES = 64 * 2**20
+# sub-chunk overlaps the transfer of the next. Splitting has a price: NCCL's send/recv bandwidth keeps
+# rising with the message size (on two NVLink H200s, 165 GB/s at 64 MiB and 352 GB/s at 1 GiB), so
+# smaller transfers lose more than the hidden additions win. notebooks/05a-collectives.ipynb sweeps
+# the choice; there one whole chunk per transfer beat every split up to 1 GiB tensors, so only
+# chunks larger than 1 GiB are split by default.
+DEFAULT_SUB_CHUNK_BYTES = 2**30
 MAX_SUB_CHUNKS = 64
 
 SUPPORTED_DTYPES = (

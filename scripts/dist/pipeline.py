@@ -4,9 +4,11 @@
 
 Stage ``s`` owns ``--layers-per-stage`` MLP blocks. Activations travel forward and their gradients
 backward as send/recv between neighbouring ranks. The schedule is ``kernels.distributed.stage_order``,
-the same one the simulator plays. Each op's sends are held back and grouped with the next op's
-receive into one ``batch_isend_irecv``, which pairs a stage's "send forward, receive backward" with its
-neighbour's "send backward, receive forward" and so cannot deadlock (Megatron-LM does the same).
+the same one the simulator plays. Activations and gradients travel on two separate process groups
+(``Lanes``). NCCL runs each communicator's transfers in order on a stream of its own, so a send of an
+activation never queues behind a send of a gradient going the other way, which is what deadlocks two
+stages that both send before they receive. Within one lane every transfer goes one way and in the
+same order on both ends, so sends and receives pair up one to one.
 
 First the pipeline's parameter gradients are checked against the same model run on one process
 (float64). Then each schedule is timed for each micro-batch count; the timeline of one step and each
@@ -54,44 +56,48 @@ class Clock:
         return self.marks[i] - self.marks[0]
 
 
-def run_step(stage: nn.Module, schedule: str, micro_inputs, shape, dtype, w: D.Worker, clock=None):
+class Lanes:
+    """Two process groups over all ranks: one for activations (forward), one for gradients."""
+
+    def __init__(self):
+        self.fwd, self.bwd = dist.new_group(), dist.new_group()
+
+
+def run_step(
+    stage: nn.Module,
+    schedule: str,
+    micro_inputs,
+    shape,
+    dtype,
+    w: D.Worker,
+    lanes: Lanes,
+    clock=None,
+):
     """One training step (forward and backward of every micro-batch) of this rank's stage.
     ``micro_inputs`` are used by stage 0 only. Returns the timeline ``[(kind, micro, start, end)]``
     as clock mark indices when a ``clock`` is given."""
     p, s, m = w.world, w.rank, len(micro_inputs)
     first, last = s == 0, s == p - 1
     saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    pending_sends: list = []
+    sends: list = []  # in flight; each keeps its tensor alive until waited on at the end of the step
     timeline = []
 
-    def communicate(recv_from: int | None) -> torch.Tensor | None:
-        # Flush the sends held back from the previous op together with this op's receive.
-        ops = list(pending_sends)
-        buf = None
-        if recv_from is not None:
-            buf = torch.empty(shape, dtype=dtype, device=w.device)
-            ops.append(dist.P2POp(dist.irecv, buf, recv_from))
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-        pending_sends.clear()
+    def recv(src: int, group) -> torch.Tensor:
+        buf = torch.empty(shape, dtype=dtype, device=w.device)
+        dist.irecv(buf, src, group=group).wait()  # on a GPU: orders the compute stream after it
         return buf
 
     for kind, i in D.stage_order(schedule, p, m, s):
         if kind == "F":
-            x = micro_inputs[i] if first else communicate(s - 1).requires_grad_()
-            if first:
-                communicate(None)
+            x = micro_inputs[i] if first else recv(s - 1, lanes.fwd).requires_grad_()
             t0 = clock.mark() if clock else None
             y = stage(x)
             t1 = clock.mark() if clock else None
             saved[i] = (x, y)
             if not last:
-                pending_sends.append(dist.P2POp(dist.isend, y.detach(), s + 1))
+                sends.append(dist.isend(y.detach(), s + 1, group=lanes.fwd))
         else:
-            g = None if last else communicate(s + 1)
-            if last:
-                communicate(None)
+            g = None if last else recv(s + 1, lanes.bwd)
             t0 = clock.mark() if clock else None
             x, y = saved.pop(i)
             if last:
@@ -100,10 +106,11 @@ def run_step(stage: nn.Module, schedule: str, micro_inputs, shape, dtype, w: D.W
                 y.backward(g)
             t1 = clock.mark() if clock else None
             if not first:
-                pending_sends.append(dist.P2POp(dist.isend, x.grad, s - 1))
+                sends.append(dist.isend(x.grad, s - 1, group=lanes.bwd))
         if clock:
             timeline.append((kind, i, t0, t1))
-    communicate(None)
+    for work in sends:
+        work.wait()
     return timeline
 
 
@@ -114,7 +121,7 @@ def make_stage(w: D.Worker, d_model: int, layers: int, dtype, seed: int = 0) -> 
     return nn.Sequential(*blocks[w.rank * layers : (w.rank + 1) * layers])
 
 
-def check(w: D.Worker) -> int:
+def check(w: D.Worker, lanes: Lanes) -> int:
     """Pipelined gradients equal those of the whole model on one process (float64)."""
     d, layers, tokens, dtype = 24, 2, 5, torch.float64
     torch.manual_seed(0)
@@ -135,7 +142,7 @@ def check(w: D.Worker) -> int:
             for x in micro:
                 full(x).float().pow(2).mean().backward()
             stage.zero_grad()
-            run_step(stage, schedule, micro, (tokens, d), dtype, w)
+            run_step(stage, schedule, micro, (tokens, d), dtype, w, lanes)
             ref = [p.grad for j in mine for p in full[j].parameters()]
             got = [p.grad for p in stage.parameters()]
             for a, b in zip(got, ref):
@@ -156,7 +163,8 @@ def main() -> None:
     a = p.parse_args()
 
     w = D.init_worker()
-    result = {"checks": check(w)}
+    lanes = Lanes()
+    result = {"checks": check(w, lanes)}
     dtype = torch.bfloat16 if w.gpu else torch.float32
     shape = (a.micro_tokens, a.d_model)
     stage = make_stage(w, a.d_model, a.layers_per_stage, dtype)
@@ -201,7 +209,7 @@ def main() -> None:
 
             def step(m=m, schedule=schedule):
                 stage.zero_grad(set_to_none=True)
-                run_step(stage, schedule, inputs[:m], shape, dtype, w)
+                run_step(stage, schedule, inputs[:m], shape, dtype, w, lanes)
 
             t = C.time_collective(step, w.device, warmup=1, reps=a.reps)
             steps.append({"schedule": schedule, "micros": m, "seconds": t})
@@ -211,7 +219,7 @@ def main() -> None:
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            run_step(stage, schedule, inputs[: max(a.micros)], shape, dtype, w)
+            run_step(stage, schedule, inputs[: max(a.micros)], shape, dtype, w, lanes)
             torch.cuda.synchronize()
             peak = torch.tensor([torch.cuda.max_memory_allocated() - base], device=w.device)
             peaks = [torch.zeros_like(peak) for _ in range(w.world)]
@@ -222,7 +230,9 @@ def main() -> None:
         C.barrier(w.device)
         clock = Clock(w.gpu)
         clock.mark()
-        marks = run_step(stage, schedule, inputs[: a.timeline_micros], shape, dtype, w, clock)
+        marks = run_step(
+            stage, schedule, inputs[: a.timeline_micros], shape, dtype, w, lanes, clock
+        )
         ops = [(k, i, clock.seconds(t0), clock.seconds(t1)) for k, i, t0, t1 in marks]
         gathered = [None] * w.world
         dist.all_gather_object(gathered, ops)
