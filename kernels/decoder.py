@@ -34,6 +34,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 from kernels import bench, device, roofline
 from kernels import paged_attention as pa
@@ -282,12 +283,19 @@ class Decoder(nn.Module):
         *,
         prefix: int | None = None,
         all_logits: bool = False,
+        paged: bool = False,
     ) -> torch.Tensor:
         """Logits after ``tokens: int64[B, T]`` for the sequences in rows ``slots`` of ``cache``,
         which already hold ``start[b]`` tokens (positions ``start[b] … start[b] + T - 1`` are
         written). ``prefix`` is ``max(start)`` if the caller knows it (else it is read from the
         device, a synchronisation; decode steps never need it). Returns ``[B, vocab]`` for the
-        last position, or ``[B, T, vocab]`` with ``all_logits``."""
+        last position, or ``[B, T, vocab]`` with ``all_logits``.
+
+        ``paged``: run ``T > 1`` tokens through the decode attention, each new token a query of its
+        own over its sequence's pages up to and including itself (all ``T`` tokens' keys are written
+        first). No host synchronisation and no shape that depends on the context length, so the
+        pass can be captured in a CUDA graph (speculative verification, a draft's catch-up); the
+        attention is the decode step's kernel, so it rounds as a decode step does."""
         self._check_forward(tokens, cache, slots, start)
         b, t = tokens.shape
         start = start.long()
@@ -303,8 +311,11 @@ class Decoder(nn.Module):
             "cos": self.rope_cos[pos][:, :, None, :],
             "sin": self.rope_sin[pos][:, :, None, :],
         }
-        if t == 1:
-            ctx["mode"], ctx["lens"] = "decode", (start + 1).to(torch.int32)
+        if t == 1 or paged:
+            ctx["mode"], ctx["lens"] = "decode", (pos + 1).reshape(-1).to(torch.int32)
+            if t > 1:  # one query per new token, each over its own sequence's row of the table
+                ctx["qtable"] = table.repeat_interleave(t, 0)
+                ctx["splits"] = pa.default_num_splits(b, self.cfg.n_kv_heads, table.shape[1] * bs)
         else:
             prefix = int(start.max()) if prefix is None else prefix
             ctx["mode"] = "prefill" if prefix == 0 else "extend"
@@ -330,25 +341,35 @@ class Decoder(nn.Module):
             vc[ctx["blocks"], :, ctx["offs"], :] = v
         mode = ctx["mode"]
         if mode == "decode":
+            table = ctx.get("qtable", ctx["table"])  # [B * T, max_blocks]
+            qq = q[:, 0] if t == 1 else q.reshape(b * t, nh, hd)
             if self.decode_attention == "triton":
-                o = pa.paged_decode(q[:, 0], kc, vc, ctx["table"], ctx["lens"])
+                o = pa.paged_decode(qq, kc, vc, table, ctx["lens"], num_splits=ctx.get("splits"))
             else:  # gather the whole block table's width: static shapes, mask past each length
-                length = ctx["table"].shape[1] * cache.block_size
-                kk, vv = (
-                    pa.gather_kv(kc, ctx["table"], length),
-                    pa.gather_kv(vc, ctx["table"], length),
-                )
+                length = table.shape[1] * cache.block_size
+                kk, vv = pa.gather_kv(kc, table, length), pa.gather_kv(vc, table, length)
                 keep = torch.arange(length, device=x.device)[None, :] < ctx["lens"][:, None]
-                o = _sdpa(q.transpose(1, 2), kk, vv, mask=keep[:, None, None, :]).squeeze(2)
-            o = o.reshape(b, 1, nh * hd)
+                o = _sdpa(qq[:, :, None], kk, vv, mask=keep[:, None, None, :]).squeeze(2)
+            o = o.reshape(b, t, nh * hd)
         elif mode in ("prefill", "full"):
             o = _sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
             o = o.transpose(1, 2).reshape(b, t, nh * hd)
         else:  # extend: the new tokens attend to the cached prefix and causally to each other
             length = ctx["length"]
             kk, vv = pa.gather_kv(kc, ctx["table"], length), pa.gather_kv(vc, ctx["table"], length)
-            keep = torch.arange(length, device=x.device)[None, None, :] <= ctx["pos"][:, :, None]
-            o = _sdpa(q.transpose(1, 2), kk, vv, mask=keep[:, None])
+            if b == 1:
+                # One sequence whose new tokens are the last ``t`` of ``length``: the mask is the
+                # bottom-right-aligned causal one, which SDPA dispatches to the flash or
+                # memory-efficient kernel without building a [t, length] mask (and without the
+                # generic masked dispatch, which may pick a backend that plans per shape).
+                rep = nh // nkv
+                if rep > 1:
+                    kk, vv = kk.repeat_interleave(rep, 1), vv.repeat_interleave(rep, 1)
+                bias = causal_lower_right(t, length)
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=bias)
+            else:
+                keep = torch.arange(length, device=x.device)[None, None, :] <= ctx["pos"][:, :, None]
+                o = _sdpa(q.transpose(1, 2), kk, vv, mask=keep[:, None])
             o = o.transpose(1, 2).reshape(b, t, nh * hd)
         x = x + F.linear(o, layer.wo)
         h = F.rms_norm(x, (cfg.d_model,), layer.mlp_norm, self.eps)

@@ -501,14 +501,19 @@ class SpecStats:
 
 
 @torch.inference_mode()
-def speculative_generate(
+def speculative_generate_legacy(
     target: Decoder, draft: Decoder, prompt: torch.Tensor, max_new: int, k: int
 ) -> tuple[torch.Tensor, SpecStats]:
     """Greedy speculative decoding of one sequence: the draft proposes ``k`` tokens one at a time,
     the target scores all of them in one pass, and the longest prefix on which the target's own
     greedy choice agrees is kept, plus the target's token at the first disagreement (or after the
     last draft token). The output is therefore the target's greedy output, whatever the draft
-    does. Returns the ``max_new`` new tokens and the acceptance statistics."""
+    does. Returns the ``max_new`` new tokens and the acceptance statistics.
+
+    The first implementation, kept as the baseline of ``scripts/gpu/serving_probe.py``: eager,
+    a host-to-device copy (a synchronisation) for every position tensor, a draft catch-up and a
+    verification through the extend path whose shapes change every round, and the acceptance
+    decided on the host. ``speculative_generate`` is the same algorithm without those costs."""
     _check_alpha_k(0.0, k)
     if not isinstance(prompt, torch.Tensor) or prompt.ndim != 1 or prompt.dtype != torch.long:
         raise ValueError("prompt must be a 1-D int64 tensor")
@@ -559,13 +564,198 @@ def speculative_generate(
     return seq[p : p + max_new], stats
 
 
+class SpeculativeDecoder:
+    """Greedy speculative decoding of one sequence with static shapes: a round is one CUDA graph.
+
+    A round, for a sequence of ``L`` tokens whose last token the target has not yet cached:
+
+    1. the draft runs its last two tokens (positions ``L-2, L-1``; the first is already in its
+       cache and is rewritten, so the catch-up always has two tokens, whatever was accepted) and
+       then ``k - 1`` decode steps: ``k`` proposals;
+    2. the target runs the last token and the ``k`` proposals in one ``paged`` pass (each token a
+       decode-kernel query over the pages up to itself);
+    3. on the device: ``a``, the number of leading proposals equal to the target's greedy choices,
+       and the next round's two last tokens and position.
+
+    The round's new tokens are the target's choices ``g[0..a]`` (the accepted proposals equal
+    them), so the output is the target's greedy output. The host reads ``[a, g]`` once per round
+    (one synchronisation) and replays. Caches, static buffers and the graph are made once
+    (``max_tokens``: prompt + new tokens the decoder will be asked for, at most) and reused by
+    ``generate`` for any prompt; capture (warm-up and autotuning included) happens in
+    ``__init__``, outside any timing. Without a GPU the round runs eagerly, the same code."""
+
+    def __init__(
+        self,
+        target: Decoder,
+        draft: Decoder,
+        k: int,
+        max_tokens: int,
+        *,
+        cuda_graph: bool | None = None,
+        warmup: int = 2,
+    ):
+        _check_alpha_k(0.0, k)
+        if draft.cfg.vocab != target.cfg.vocab:
+            raise ValueError("draft and target must share the vocabulary")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2:
+            raise ValueError(f"max_tokens must be an int >= 2, got {max_tokens!r}")
+        self.target, self.draft, self.k, self.max_tokens = target, draft, k, max_tokens
+        dev = target.device
+        length = max_tokens + k + 1
+        self.tcache, self.dcache = target.new_cache(1, length), draft.new_cache(1, length)
+        self.slot = torch.zeros(1, dtype=torch.long, device=dev)
+        self.tok2 = torch.zeros(1, 2, dtype=torch.long, device=dev)  # the sequence's last two
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)  # position of tok2[0]
+        self.offs = torch.arange(2, device=dev)
+        use_graph = device.GPU_MODE if cuda_graph is None else cuda_graph
+        if use_graph and not device.GPU_MODE:
+            raise ValueError("cuda_graph=True needs a GPU")
+        self.graph = None
+        if use_graph:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.inference_mode():
+                for _ in range(warmup):
+                    self.tok2.zero_()
+                    self.pos.zero_()
+                    self._round()
+            torch.cuda.current_stream().wait_stream(side)
+            self.tok2.zero_()
+            self.pos.zero_()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph), torch.inference_mode():
+                self.result = self._round()
+            torch.cuda.synchronize()
+
+    def _round(self) -> torch.Tensor:
+        """One round on the static buffers; returns ``int64[k + 2]``: ``a`` then ``g[0..k]``."""
+        k, slot = self.k, self.slot
+        logits = self.draft(self.tok2, self.dcache, slot, self.pos, paged=True)
+        y = logits.argmax(-1)  # [1]
+        ys = [y]
+        for i in range(k - 1):
+            y = self.draft(y[:, None], self.dcache, slot, self.pos + (2 + i)).argmax(-1)
+            ys.append(y)
+        ys = torch.cat(ys)  # [k]
+        last = self.tok2[0, 1:]
+        verify = torch.cat([last, ys])[None]  # [1, k + 1]
+        g = self.target(
+            verify, self.tcache, slot, self.pos + 1, all_logits=True, paged=True
+        ).argmax(-1)[0]  # [k + 1]
+        a = (ys == g[:k]).long().cumprod(0).sum()  # leading agreements
+        # Next round: the sequence grew by g[0..a]; its last two tokens are full[a], full[a + 1].
+        full = torch.cat([last, g])  # [k + 2]
+        self.tok2.copy_(full.gather(0, a + self.offs)[None])
+        self.pos.add_(a + 1)
+        return torch.cat([a[None], g])
+
+    @torch.inference_mode()
+    def generate(self, prompt: torch.Tensor, max_new: int) -> tuple[torch.Tensor, SpecStats]:
+        """The ``max_new`` new tokens after ``prompt`` and the acceptance statistics; ``seconds``
+        covers the prefills and the rounds (not the construction)."""
+        if not isinstance(prompt, torch.Tensor) or prompt.ndim != 1 or prompt.dtype != torch.long:
+            raise ValueError("prompt must be a 1-D int64 tensor")
+        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+            raise ValueError(f"max_new must be a positive int, got {max_new!r}")
+        p, k = prompt.shape[0], self.k
+        if p + max_new > self.max_tokens:
+            raise ValueError(f"prompt + max_new ({p + max_new}) exceeds max_tokens")
+        dev = self.target.device
+        stats = SpecStats(k)
+        seq = prompt.to(dev)
+        zero = torch.zeros(1, dtype=torch.long, device=dev)
+        device.synchronize()
+        t0 = time.perf_counter()
+        first = self.target(seq[None], self.tcache, self.slot, zero, prefix=0).argmax(-1)
+        self.draft(seq[None], self.dcache, self.slot, zero, prefix=0)
+        # The draft's catch-up rewrites the prompt's last token and adds the first new one.
+        self.tok2.copy_(torch.stack([seq[-1], first[0]])[None])
+        self.pos.fill_(p - 1)
+        out = [first]
+        n = 1
+        while n < max_new:
+            if self.graph is not None:
+                self.graph.replay()
+                res = self.result
+            else:
+                res = self._round()
+            r = res.tolist()  # the one synchronisation of a round
+            a = r[0]
+            out.append(res[1 : a + 2].clone())
+            n += a + 1
+            stats.rounds += 1
+            stats.proposed += k
+            stats.accepted += a
+            stats.tested += min(a + 1, k)
+        toks = torch.cat(out)[:max_new]
+        device.synchronize()
+        stats.seconds = time.perf_counter() - t0
+        return toks, stats
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: Decoder,
+    draft: Decoder,
+    prompt: torch.Tensor,
+    max_new: int,
+    k: int,
+    *,
+    runner: SpeculativeDecoder | None = None,
+) -> tuple[torch.Tensor, SpecStats]:
+    """Greedy speculative decoding of one sequence: the draft proposes ``k`` tokens one at a time,
+    the target scores all of them in one pass, and the longest prefix on which the target's own
+    greedy choice agrees is kept, plus the target's token at the first disagreement (or after the
+    last draft token). The output is therefore the target's greedy output, whatever the draft
+    does. Returns the ``max_new`` new tokens and the acceptance statistics.
+
+    Runs a ``SpeculativeDecoder`` (one CUDA graph per round on a GPU); pass ``runner`` to reuse
+    one across prompts, else one is built (and captured) here, before the timed region.
+    ``speculative_generate_legacy`` is the first, eager implementation."""
+    _check_alpha_k(0.0, k)
+    if not isinstance(prompt, torch.Tensor) or prompt.ndim != 1 or prompt.dtype != torch.long:
+        raise ValueError("prompt must be a 1-D int64 tensor")
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+        raise ValueError(f"max_new must be a positive int, got {max_new!r}")
+    if draft.cfg.vocab != target.cfg.vocab:
+        raise ValueError("draft and target must share the vocabulary")
+    if runner is None:
+        runner = SpeculativeDecoder(target, draft, k, prompt.shape[0] + max_new)
+    elif runner.target is not target or runner.draft is not draft or runner.k != k:
+        raise ValueError("runner was built for another target, draft or k")
+    return runner.generate(prompt, max_new)
+
+
 @torch.inference_mode()
 def greedy_generate(
-    model: Decoder, prompt: torch.Tensor, max_new: int
+    model: Decoder, prompt: torch.Tensor, max_new: int, *, cuda_graph: bool = False
 ) -> tuple[torch.Tensor, float]:
-    """The target alone, one decode step per token: ``(tokens, seconds)``."""
+    """The target alone, one decode step per token: ``(tokens, seconds)``. With ``cuda_graph``
+    (a GPU) each step is a replay of a ``GraphedDecodeStep`` captured before the timed region:
+    the baseline a graphed speculative decoder should be compared with."""
+    if not cuda_graph:
+        device.synchronize()
+        t0 = time.perf_counter()
+        out = model.generate(prompt.to(model.device)[None], max_new)[0]
+        device.synchronize()
+        return out, time.perf_counter() - t0
+    if not device.GPU_MODE:
+        raise ValueError("cuda_graph=True needs a GPU")
+    dev, p = model.device, prompt.shape[0]
+    cache = model.new_cache(1, p + max_new)
+    slot = torch.zeros(1, dtype=torch.long, device=dev)
+    step = GraphedDecodeStep(model, cache, slot, warmup_start=p)
+    seq = prompt.to(dev)[None]
     device.synchronize()
     t0 = time.perf_counter()
-    out = model.generate(prompt.to(model.device)[None], max_new)[0]
+    nxt = model(seq, cache, slot, slot, prefix=0).argmax(-1)  # slot is 0: nothing cached
+    out = [nxt]
+    step.start.fill_(p)
+    for _ in range(max_new - 1):
+        step.tokens[:, 0].copy_(nxt)
+        nxt = step.replay().clone()
+        step.start.add_(1)
+        out.append(nxt)
+    toks = torch.cat(out)
     device.synchronize()
-    return out, time.perf_counter() - t0
+    return toks, time.perf_counter() - t0

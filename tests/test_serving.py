@@ -177,3 +177,35 @@ def test_speculative_output_is_the_targets(scale, k):
         assert stats.alpha == 1.0 and stats.tokens_per_round == k + 1
     if scale == 1.0:
         assert stats.alpha < 0.9
+
+
+def test_speculative_runner_reuse_and_legacy_agree():
+    target = dec.Decoder(FOUR, dtype=torch.float32, device=device.DEVICE, tail_from=1,
+                         tail_scale=0.3)  # fmt: skip
+    if not device.GPU_MODE:
+        target.decode_attention = "torch"
+    draft = target.truncated(1)
+    runner = sv.SpeculativeDecoder(target, draft, 3, 40)
+    for seed, (p, n) in enumerate([(9, 20), (1, 7), (14, 26)]):
+        prompt = torch.randint(FOUR.vocab, (p,), generator=torch.Generator().manual_seed(seed))
+        want, _ = sv.greedy_generate(target, prompt, n)
+        got, stats = sv.speculative_generate(target, draft, prompt, n, 3, runner=runner)
+        old, old_stats = sv.speculative_generate_legacy(target, draft, prompt, n, 3)
+        assert torch.equal(got.cpu(), want.cpu()) and torch.equal(old.cpu(), want.cpu())
+        assert stats.accepted + stats.rounds >= n - 1
+    with pytest.raises(ValueError, match="runner"):
+        sv.speculative_generate(target, draft, prompt, 5, 2, runner=runner)
+
+
+def test_paged_multi_token_pass_matches_extend(model):
+    cache_a, cache_b = model.new_cache(1, 32), model.new_cache(1, 32)
+    slot = torch.zeros(1, dtype=torch.long, device=model.device)
+    toks = torch.randint(model.cfg.vocab, (1, 12), generator=torch.Generator().manual_seed(0))
+    toks = toks.to(model.device)
+    for c in (cache_a, cache_b):
+        model(toks[:, :7], c, slot, slot, prefix=0)
+    start = torch.full((1,), 7, device=model.device)
+    ext = model(toks[:, 7:], cache_a, slot, start, prefix=7, all_logits=True)
+    pgd = model(toks[:, 7:], cache_b, slot, start, all_logits=True, paged=True)
+    torch.testing.assert_close(pgd, ext, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(cache_b.k, cache_a.k)
