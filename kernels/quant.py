@@ -392,7 +392,6 @@ def _qmm_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     USE_ASM: tl.constexpr,
-    PREFETCH_S: tl.constexpr = True,
 ):
     # Programs that share a weight tile (same pid_n, all pid_m) are numbered consecutively, so they
     # run together and the tile comes from HBM once and from L2 after that.
@@ -413,40 +412,14 @@ def _qmm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_tiles = tl.cdiv(KP, BLOCK_K)
     per_split = tl.cdiv(k_tiles, SPLIT_K)
-    t_start = pid_k * per_split
-    t_end = tl.minimum(t_start + per_split, k_tiles)
-    # The scales are 2-byte loads, too narrow for the cp.async pipeline that streams the weights,
-    # so Triton leaves them as plain loads inside the loop, and the scaled accumulate (and with it
-    # the issue of the next weight tile) waits a memory round trip every iteration. PREFETCH_S
-    # loads tile t+1's scales during tile t (a register double buffer): no iteration waits on them.
-    if PREFETCH_S:
-        s_ok = (t_start < t_end) & (rows >= 0)
-        s_lo_next = tl.load(s_rows + (t_start * BLOCK_K) // group_size, mask=s_ok, other=0.0)
-        s_hi_next = s_lo_next
-        if BITS == 4:
-            s_hi_next = tl.load(
-                s_rows + (KP + t_start * BLOCK_K) // group_size, mask=s_ok, other=0.0
-            )
-    for t in range(t_start, t_end):
+    for t in range(pid_k * per_split, tl.minimum(pid_k * per_split + per_split, k_tiles)):
         kk = t * BLOCK_K + offs_k
         k_ok = kk < KP
-        if PREFETCH_S:
-            s_lo = s_lo_next.to(tl.float32)
-            s_hi = s_hi_next.to(tl.float32)
-            s_ok = (t + 1 < t_end) & (rows >= 0)
-            s_lo_next = tl.load(s_rows + ((t + 1) * BLOCK_K) // group_size, mask=s_ok, other=0.0)
-            if BITS == 4:
-                s_hi_next = tl.load(
-                    s_rows + (KP + (t + 1) * BLOCK_K) // group_size, mask=s_ok, other=0.0
-                )
-        else:
-            s_lo = tl.load(s_rows + (t * BLOCK_K) // group_size).to(tl.float32)
-            s_hi = s_lo
-            if BITS == 4:
-                s_hi = tl.load(s_rows + (KP + t * BLOCK_K) // group_size).to(tl.float32)
+        s_lo = tl.load(s_rows + (t * BLOCK_K) // group_size).to(tl.float32)
         b = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0)
         x_lo = tl.load(x_rows + kk[None, :], mask=m_ok & k_ok[None, :], other=0.0)
         if BITS == 4:
+            s_hi = tl.load(s_rows + (KP + t * BLOCK_K) // group_size).to(tl.float32)
             x_hi = tl.load(x_rows + KP + kk[None, :], mask=m_ok & k_ok[None, :], other=0.0)
             # Integers in [-8, 7] are exact in fp16 and bf16: the tensor cores see q, unscaled,
             # and the group scale multiplies the fp32 partial product, once per output.
@@ -475,12 +448,7 @@ def _qmm_kernel(
 _GEMV_TILES = [(16, 128, 4, 3), (32, 128, 4, 3), (32, 64, 4, 3), (64, 128, 8, 3)]
 # Tensor-core kernel: up to 32 rows of x the tile is mostly weights (4 warps); larger row tiles need
 # 8 warps for their accumulators.
-# Small-M tiles keep >= 32 KB of weights in flight per SM at N = 8192 (a stage is BLOCK_N * BLOCK_K
-# bytes; num_stages - 1 are in flight; 256 programs of BLOCK_N = 32 put two on each of 132 SMs):
-# 32 x 128 x 5 stages x 2 programs = 40 KB, 16 x 128 x 7 x 4 = 48 KB, 64 x 128 x 4 x 1 = 24 KB.
-# Unmeasured as of this commit (see notes/quant-tune.md); _QMM_TILES_SMALL_M_V1 is the measured set.
-_QMM_TILES_SMALL_M = [(32, 128, 4, 6), (16, 128, 2, 8), (64, 128, 4, 5), (32, 128, 4, 4)]
-_QMM_TILES_SMALL_M_V1 = [(32, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 4, 3)]
+_QMM_TILES_SMALL_M = [(32, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 4, 3)]
 _QMM_TILES_LARGE_M = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)]
 
 

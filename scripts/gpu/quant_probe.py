@@ -1,95 +1,199 @@
-"""Old-vs-new tiles of the fused dequantize-GEMV (kernels/quant.py) against bf16 cuBLAS, batch 1.
+"""Dequantize-GEMV probe at batch 1, the experiment behind Act 7's "what did not move it" section.
 
-Run first in the next GPU session, in one device call (about 2-4 minutes, most of it compiles):
+Times, against bf16 cuBLAS in the same run and each checked against ``quant.gemv_ref``:
+(a) the tensor-core ``quant._qmm_kernel`` over wider tiles, fewer warps and a K split (the x tile is
+    padded to 16 rows and every warp re-reads it from shared memory, 64 * warps / BLOCK_N bytes of x
+    per weight byte, so wide tiles and few warps should help), and
+(b) a CUDA-core GEMV defined here that prefetches the next weight tile into registers (Triton's
+    software pipeliner only pipelines loads that feed ``tl.dot``), with the K reduction done every
+    tile or deferred to the end.
 
-    python scripts/gpu/quant_probe.py            # add --quick for the 8192 x 8192 shape only
-
-For each weight shape of the issue it times bf16 cuBLAS, then ``_qmm_kernel`` launched directly at
-each tile (BLOCK_N, BLOCK_K, warps, stages), split of K and scale prefetch, every result checked
-against ``gemv_ref`` before it is timed, and last the public ``quant.gemv`` with the autotuner's
-pick printed. "v1" rows are the committed (measured) tile set without the scale prefetch, the
-kernel of notebooks/07a; see notes/quant-tune.md for what the rows should show.
+    python scripts/gpu/quant_probe.py                      # the sweep (about 2 minutes on an H100)
+    ncu --kernel-name regex:_qmm --launch-skip 2 --launch-count 1 --section WarpStateStats \
+        --section Occupancy python scripts/gpu/quant_probe.py --one "qmm 32x128 w4 s4 k1"
 """
 
 import argparse
+import itertools
 import sys
+import time
 from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kernels import bench, device, quant, roofline  # noqa: E402
 
-# (label, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K, PREFETCH_S)
-V1 = [("v1", bn, bk, w, s, 1, False) for bn, bk, w, s in quant._QMM_TILES_SMALL_M_V1]
-NEW = [("new", bn, bk, w, s, 1, True) for bn, bk, w, s in quant._QMM_TILES_SMALL_M]
-SPLIT = [("split", 64, 128, 4, 5, 2, True), ("split", 32, 128, 4, 6, 2, True),
-         ("split", 128, 128, 4, 4, 4, True)]  # fmt: skip
-SHAPES = [(8192, 8192), (28672, 8192), (8192, 28672)]
-SCHEMES = [("int4", 4, 128), ("int8", 8, None)]
+
+@triton.jit
+def _gemv_pf_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, N, KP, n_groups, group_size,
+    BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PREFETCH: tl.constexpr, LATE: tl.constexpr, USE_ASM: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    dt = x_ptr.dtype.element_ty
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * KP
+    s_rows = s_ptr + rows.to(tl.int64) * n_groups
+    k_tiles = tl.cdiv(KP, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    t0 = pid_k * per_split
+    t1 = tl.minimum(t0 + per_split, k_tiles)
+    if LATE:
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 16), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if PREFETCH:
+        b_nx = tl.load(w_rows + (t0 * BLOCK_K + offs_k)[None, :], mask=t0 < t1, other=0)
+        xl_nx = tl.load(x_ptr + t0 * BLOCK_K + offs_k, mask=t0 < t1, other=0.0)
+        xh_nx = xl_nx
+        if BITS == 4:
+            xh_nx = tl.load(x_ptr + KP + t0 * BLOCK_K + offs_k, mask=t0 < t1, other=0.0)
+    for t in range(t0, t1):
+        kk = t * BLOCK_K + offs_k
+        if PREFETCH:
+            b = b_nx
+            x_lo = xl_nx
+            x_hi = xh_nx
+            ok = t + 1 < t1
+            b_nx = tl.load(w_rows + (kk + BLOCK_K)[None, :], mask=ok, other=0)
+            xl_nx = tl.load(x_ptr + kk + BLOCK_K, mask=ok, other=0.0)
+            if BITS == 4:
+                xh_nx = tl.load(x_ptr + KP + kk + BLOCK_K, mask=ok, other=0.0)
+        else:
+            b = tl.load(w_rows + kk[None, :])
+            x_lo = tl.load(x_ptr + kk)
+            x_hi = x_lo
+            if BITS == 4:
+                x_hi = tl.load(x_ptr + KP + kk)
+        s_lo = tl.load(s_rows + (t * BLOCK_K) // group_size).to(tl.float32)
+        if BITS == 4:
+            s_hi = tl.load(s_rows + (KP + t * BLOCK_K) // group_size).to(tl.float32)
+            lo, hi = quant._unpack_int4(b, dt, USE_ASM)
+            p = lo.to(tl.float32) * x_lo.to(tl.float32)[None, :]
+            q = hi.to(tl.float32) * x_hi.to(tl.float32)[None, :]
+            if LATE:
+                p = tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 16)), axis=2)
+                q = tl.sum(tl.reshape(q, (BLOCK_N, BLOCK_K // 16, 16)), axis=2)
+                acc += p * s_lo[:, None] + q * s_hi[:, None]
+            else:
+                acc += tl.sum(p, axis=1) * s_lo + tl.sum(q, axis=1) * s_hi
+        else:
+            w8 = quant._unpack_int8(b, dt, USE_ASM)
+            p = w8.to(tl.float32) * x_lo.to(tl.float32)[None, :]
+            if LATE:
+                p = tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 16)), axis=2)
+                acc += p * s_lo[:, None]
+            else:
+                acc += tl.sum(p, axis=1) * s_lo
+    if LATE:
+        out = tl.sum(acc, axis=1)
+    else:
+        out = acc
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SPLIT_K == 1:
+        tl.store(y_ptr + cols, out.to(y_ptr.dtype.element_ty), mask=cols < N)
+    else:
+        tl.atomic_add(y_ptr + cols, out, mask=cols < N, sem="relaxed")
 
 
-def launch(x, qw, bn, bk, warps, stages, split, prefetch):
-    m, k = x.shape
+def launch_pf(x, qw, bn, bk, warps, split, prefetch, late):
     n, kp = qw.shape[0], qw.data.shape[1]
-    dt = torch.float32 if split > 1 else x.dtype
-    y = (torch.zeros if split > 1 else torch.empty)(m, n, device=x.device, dtype=dt)
-    grid = (triton.cdiv(n, bn), split)
-    quant._qmm_kernel[grid](
-        x, qw.data, qw.scales, y, m, n, kp, qw.scales.shape[1], qw.group_size,
-        x.stride(0), y.stride(0), BITS=qw.bits, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
-        SPLIT_K=split, USE_ASM=True, PREFETCH_S=prefetch, num_warps=warps, num_stages=stages,
+    y = torch.zeros(1, n, device=x.device, dtype=torch.float32) if split > 1 else torch.empty(
+        1, n, device=x.device, dtype=x.dtype)  # fmt: skip
+    _gemv_pf_kernel[(triton.cdiv(n, bn), split)](
+        x, qw.data, qw.scales, y, n, kp, qw.scales.shape[1], qw.group_size, BITS=qw.bits,
+        BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, PREFETCH=prefetch, LATE=late, USE_ASM=quant._use_asm(x.dtype), num_warps=warps,
+        num_stages=1,
     )  # fmt: skip
     return y.to(x.dtype) if split > 1 else y
 
 
+def launch_qmm(x, qw, bn, bk, warps, stages, split):
+    m, k = x.shape
+    n, kp = qw.shape[0], qw.data.shape[1]
+    dt = torch.float32 if split > 1 else x.dtype
+    y = (torch.zeros if split > 1 else torch.empty)(m, n, device=x.device, dtype=dt)
+    quant._qmm_kernel[(triton.cdiv(n, bn), split)](
+        x, qw.data, qw.scales, y, m, n, kp, qw.scales.shape[1], qw.group_size,
+        x.stride(0), y.stride(0), BITS=qw.bits, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+        SPLIT_K=split, USE_ASM=True, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return y.to(x.dtype) if split > 1 else y
+
+
+def sweep():
+    out = []
+    out.append(("qmm 32x128 w4 s4 k1", launch_qmm, (32, 128, 4, 4, 1)))  # the notebook's pick
+    for bn, w, st, sp in itertools.product((64, 128, 256), (1, 2, 4), (3, 5), (1, 2)):
+        out.append((f"qmm {bn}x128 w{w} s{st} k{sp}", launch_qmm, (bn, 128, w, st, sp)))
+    for bn, w, sp, pf, late in itertools.product((16, 32, 64), (2, 4), (1, 2, 4), (1, 0), (0, 1)):
+        if not pf and (late or sp == 4):
+            continue
+        out.append((f"pf {bn}x128 w{w} k{sp} pf{pf} late{late}", launch_pf,
+                    (bn, 128, w, sp, pf, late)))  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="8192 x 8192 only")
+    ap.add_argument("--one", help="launch only this candidate (a label of the sweep), int4 8192^2")
     args = ap.parse_args()
     if not device.GPU_MODE:
         sys.exit("quant_probe times GPU kernels: run it on a GPU")
-    cap = device.capabilities()
+    if args.one:
+        label, fn, cargs = next(c for c in sweep() if c[0] == args.one)
+        w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) * 0.02
+        x = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
+        qw = quant.quantize(w, 4, 128)
+        for _ in range(4):
+            fn(x, qw, *cargs)
+        torch.cuda.synchronize()
+        return
     bw = roofline.copy_bandwidth().value
-    print(f"{cap.name}, {cap.sm_count} SMs, copy {bw:,.0f} GB/s; batch 1, bf16 activations")
-    print(f"{'N x K':>13s} {'scheme':6s} {'variant':30s}{'us':>8s}{'GB/s':>8s}{'copy':>6s}"
-          f"{'vs bf16':>8s}{'progs/SM':>9s}")  # fmt: skip
-    for n, k in SHAPES[:1] if args.quick else SHAPES:
+    print(f"{device.capabilities().name}: copy {bw:,.0f} GB/s; batch 1, bf16 x", flush=True)
+    t_start = time.perf_counter()
+
+    def run(n, k, bits, cands, top=None):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        base = bench.measure(lambda x=x, w=w: x @ w.T, bytes=quant.gemv_bytes(1, n, k, "bf16"))
-        print(f"{n:>6d}x{k:<6d} {'bf16':6s} {'cuBLAS':30s}{base.ms * 1e3:8.1f}{base.gbps:8,.0f}"
-              f"{base.gbps / bw:6.0%}{1:8.2f}x")  # fmt: skip
-        for name, bits, group in SCHEMES:
-            qw = quant.quantize(w, bits, group)
-            ref = quant.gemv_ref(x, qw).float()
-            nbytes = quant.gemv_bytes(1, n, k, bits, group)
-            rows = [(f"{t} {bn}x{bk} w{wa} s{st} k{sp}{' pf' if pf else ''}", (bn, bk, wa, st, sp, pf))
-                    for t, bn, bk, wa, st, sp, pf in V1 + NEW + SPLIT]  # fmt: skip
-            rows.append(("quant.gemv (autotuned, new)", None))
-            for label, cfg in rows:
-                fn = (
-                    (lambda x=x, qw=qw: quant.gemv(x, qw))
-                    if cfg is None
-                    else (lambda c=cfg, x=x, qw=qw: launch(x, qw, *c))
-                )
-                try:
-                    y = fn()
-                    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
-                except Exception as e:  # a tile that does not fit (shared memory) or is wrong
-                    print(
-                        f"{n:>6d}x{k:<6d} {name:6s} {label:30s}  FAILED {type(e).__name__}: {str(e)[:80]}"
-                    )
-                    continue
-                r = bench.measure(fn, bytes=nbytes)
-                progs = (
-                    "" if cfg is None else f"{triton.cdiv(n, cfg[0]) * cfg[4] / cap.sm_count:9.2f}"
-                )
-                print(f"{n:>6d}x{k:<6d} {name:6s} {label:30s}{r.ms * 1e3:8.1f}{r.gbps:8,.0f}"
-                      f"{r.gbps / bw:6.0%}{base.ms / r.ms:8.2f}x{progs}")  # fmt: skip
-            best = getattr(quant._QMM, "best_config", None)
-            print(f"{'':13s} {name:6s} autotuner picked: {best}")
+        base = bench.measure(lambda: x @ w.T)
+        qw = quant.quantize(w, bits, 128 if bits == 4 else None)
+        ref = quant.gemv_ref(x, qw).float()
+        nbytes = quant.gemv_bytes(1, n, k, bits, 128 if bits == 4 else None)
+        auto = bench.measure(lambda: quant.gemv(x, qw))
+        res = [("quant.gemv (committed)", auto.ms)]
+        for label, fn, args in cands:
+            try:
+                y = fn(x, qw, *args)
+                torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
+                res.append((label, bench.measure(lambda f=fn, a=args: f(x, qw, *a)).ms))
+            except Exception as e:  # noqa: BLE001
+                res.append((label + f" FAILED {type(e).__name__}: {str(e)[:60]}", float("nan")))
+        res.sort(key=lambda r: (r[1] != r[1], r[1]))
+        print(f"\n{n}x{k} int{bits}: bf16 cuBLAS {base.ms * 1e3:.1f} us  "
+              f"({time.perf_counter() - t_start:.0f} s)")  # fmt: skip
+        for label, ms in res[: top or len(res)]:
+            gbps = nbytes / (ms * 1e-3) / 1e9
+            print(f"  {label:40s}{ms * 1e3:8.1f} us{gbps:8,.0f} GB/s{gbps / bw:6.0%}"
+                  f"{base.ms / ms:7.2f}x")  # fmt: skip
+        fails = [r[0] for r in res if r[1] != r[1]]
+        if fails:
+            print("  failed:", fails[:6])
+        return [r[0] for r in res if r[1] == r[1]]
+
+    allc = sweep()
+    ranked = run(8192, 8192, 4, allc, top=25)
+    best = [c for c in allc if c[0] in ranked[:12]]
+    run(8192, 8192, 8, best)
+    run(28672, 8192, 4, best)
+    run(8192, 28672, 4, best)
+    run(28672, 8192, 8, best, top=6)
 
 
 if __name__ == "__main__":
