@@ -8,7 +8,8 @@ Times, against bf16 cuBLAS in the same run and each checked against ``quant.gemv
     software pipeliner only pipelines loads that feed ``tl.dot``), with the K reduction done every
     tile or deferred to the end.
 
-    python scripts/gpu/quant_probe.py                      # the sweep (about 2 minutes on an H100)
+    python scripts/gpu/quant_probe.py          # tensor-core tiles and CUDA-core GEMVs (about 2 minutes)
+    python scripts/gpu/quant_probe.py --fp32   # CUDA-core GEMVs that unpack straight to fp32
     ncu --kernel-name regex:_qmm --launch-skip 2 --launch-count 1 --section WarpStateStats \
         --section Occupancy python scripts/gpu/quant_probe.py --one "qmm 32x128 w4 s4 k1"
 """
@@ -102,13 +103,13 @@ def _gemv_pf_kernel(
         tl.atomic_add(y_ptr + cols, out, mask=cols < N, sem="relaxed")
 
 
-def launch_pf(x, qw, bn, bk, warps, split, prefetch, late):
+def launch_pf(x, qw, bn, bk, warps, split, prefetch, late, asm=None):
     n, kp = qw.shape[0], qw.data.shape[1]
     y = torch.zeros(1, n, device=x.device, dtype=torch.float32) if split > 1 else torch.empty(
         1, n, device=x.device, dtype=x.dtype)  # fmt: skip
     _gemv_pf_kernel[(triton.cdiv(n, bn), split)](
         x, qw.data, qw.scales, y, n, kp, qw.scales.shape[1], qw.group_size, BITS=qw.bits,
-        BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, PREFETCH=prefetch, LATE=late, USE_ASM=quant._use_asm(x.dtype), num_warps=warps,
+        BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, PREFETCH=prefetch, LATE=late, USE_ASM=quant._use_asm(x.dtype) if asm is None else asm, num_warps=warps,
         num_stages=1,
     )  # fmt: skip
     return y.to(x.dtype) if split > 1 else y
@@ -128,8 +129,7 @@ def launch_qmm(x, qw, bn, bk, warps, stages, split):
 
 
 def sweep():
-    out = []
-    out.append(("qmm 32x128 w4 s4 k1", launch_qmm, (32, 128, 4, 4, 1)))  # the notebook's pick
+    out = [("qmm 32x128 w4 s4 k1", launch_qmm, (32, 128, 4, 4, 1))]  # the notebook's pick
     for bn, w, st, sp in itertools.product((64, 128, 256), (1, 2, 4), (3, 5), (1, 2)):
         out.append((f"qmm {bn}x128 w{w} s{st} k{sp}", launch_qmm, (bn, 128, w, st, sp)))
     for bn, w, sp, pf, late in itertools.product((16, 32, 64), (2, 4), (1, 2, 4), (1, 0), (0, 1)):
@@ -140,14 +140,27 @@ def sweep():
     return out
 
 
+def sweep_fp32():
+    """CUDA-core variants that unpack straight to fp32 (the portable magic-number code: an AND,
+    an OR and a subtraction per weight, no bf16 round trip), several rows per thread."""
+    out = []
+    for bn, w, sp, late in itertools.product((32, 64, 128), (1, 2, 4), (2, 4, 8), (0, 1)):
+        if bn // (4 * w) > 8:  # more than 8 rows a thread: too many registers
+            continue
+        out.append((f"pf32 {bn}x128 w{w} k{sp} late{late}", launch_pf,
+                    (bn, 128, w, sp, 1, late, False)))  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--one", help="launch only this candidate (a label of the sweep), int4 8192^2")
+    ap.add_argument("--fp32", action="store_true", help="the fp32-unpack CUDA-core sweep")
     args = ap.parse_args()
     if not device.GPU_MODE:
         sys.exit("quant_probe times GPU kernels: run it on a GPU")
     if args.one:
-        label, fn, cargs = next(c for c in sweep() if c[0] == args.one)
+        label, fn, cargs = next(c for c in sweep() + sweep_fp32() if c[0] == args.one)
         w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) * 0.02
         x = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
         qw = quant.quantize(w, 4, 128)
@@ -187,6 +200,14 @@ def main() -> None:
             print("  failed:", fails[:6])
         return [r[0] for r in res if r[1] == r[1]]
 
+    if args.fp32:
+        cands = sweep_fp32()
+        ranked = run(8192, 8192, 4, cands, top=20)
+        best = [c for c in cands if c[0] in ranked[:6]]
+        run(8192, 8192, 8, best)
+        run(28672, 8192, 4, best)
+        run(8192, 28672, 4, best)
+        return
     allc = sweep()
     ranked = run(8192, 8192, 4, allc, top=25)
     best = [c for c in allc if c[0] in ranked[:12]]
