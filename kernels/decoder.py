@@ -368,7 +368,9 @@ class Decoder(nn.Module):
                 bias = causal_lower_right(t, length)
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=bias)
             else:
-                keep = torch.arange(length, device=x.device)[None, None, :] <= ctx["pos"][:, :, None]
+                keep = (
+                    torch.arange(length, device=x.device)[None, None, :] <= ctx["pos"][:, :, None]
+                )
                 o = _sdpa(q.transpose(1, 2), kk, vv, mask=keep[:, None])
             o = o.transpose(1, 2).reshape(b, t, nh * hd)
         x = x + F.linear(o, layer.wo)

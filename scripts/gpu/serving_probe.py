@@ -13,6 +13,7 @@ Prints compact tables:
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from pathlib import Path
@@ -46,11 +47,15 @@ def t0():
 
 
 def extend_one_off(model):
-    print(f"== extend path: first vs second call at a fresh length (ms); {device.describe().splitlines()[0]}")
+    print(
+        f"== extend path: first vs second call at a fresh length (ms); {device.describe().splitlines()[0]}"
+    )
     if GPU:
         b = torch.backends.cuda
-        print(f"   sdp enabled: flash {b.flash_sdp_enabled()} mem_eff {b.mem_efficient_sdp_enabled()} "
-              f"math {b.math_sdp_enabled()} cudnn {b.cudnn_sdp_enabled()}")
+        print(
+            f"   sdp enabled: flash {b.flash_sdp_enabled()} mem_eff {b.mem_efficient_sdp_enabled()} "
+            f"math {b.math_sdp_enabled()} cudnn {b.cudnn_sdp_enabled()}"
+        )
     cache = model.new_cache(1, 1024)
     slot = torch.zeros(1, dtype=torch.long, device=model.device)
     tok = torch.randint(CFG.vocab, (1, 1024), device=model.device)
@@ -65,15 +70,21 @@ def extend_one_off(model):
         s = t0()
         model(tok[:, pre : pre + t], cache, slot, st, all_logits=True, paged=True)
         paged = (t0() - s) * 1e3
-        print(f"   prefix {pre:4d} + {t:3d}: extend first {times[0]:8.2f}  second {times[1]:7.2f}  paged {paged:7.2f}")
+        print(
+            f"   prefix {pre:4d} + {t:3d}: extend first {times[0]:8.2f}  second {times[1]:7.2f}  paged {paged:7.2f}"
+        )
 
 
 def spec_table():
     gen = torch.Generator().manual_seed(2)
     prompts = [torch.randint(CFG.vocab, (P_LEN,), generator=gen) for _ in range(N_PROMPTS)]
-    print("== speculative: draft = layer 0 + head; ms/round; speed-ups over greedy eager (E) / graphed (G)")
-    print(f"{'scale':>6}{'k':>3}{'alpha':>7}{'tok/rd':>7}{'old ms/rd':>10}{'new ms/rd':>10}"
-          f"{'old/E':>7}{'new/E':>7}{'new/G':>7}{'formula':>8}{'new==greedy':>12}")
+    print(
+        "== speculative: draft = layer 0 + head; ms/round; speed-ups over greedy eager (E) / graphed (G)"
+    )
+    print(
+        f"{'scale':>6}{'k':>3}{'alpha':>7}{'tok/rd':>7}{'old ms/rd':>10}{'new ms/rd':>10}"
+        f"{'old/E':>7}{'new/E':>7}{'new/G':>7}{'formula':>8}{'new==greedy':>12}"
+    )
     c = None
     for scale in SCALES:
         target = new_model(tail_from=1, tail_scale=scale)
@@ -83,8 +94,8 @@ def spec_table():
             tk = torch.zeros(1, 1, dtype=torch.long, device=target.device)
             st = torch.full((1,), P_LEN, device=target.device)
             sl = torch.zeros(1, dtype=torch.long, device=target.device)
-            tt = bench.measure(lambda: target(tk, cache_t, sl, st)).ms
-            td = bench.measure(lambda: draft(tk, cache_d, sl, st)).ms
+            tt = bench.measure(functools.partial(target, tk, cache_t, sl, st)).ms
+            td = bench.measure(functools.partial(draft, tk, cache_d, sl, st)).ms
             c = td / tt
             print(f"   eager steps: target {tt * 1e3:.0f} us, draft {td * 1e3:.0f} us, c = {c:.2f}")
         # Warm-up of every path at this scale (compiles, autotuning, lazy init) before timing.
@@ -111,9 +122,11 @@ def spec_table():
             alpha = acc / tested if tested else float("nan")
             fml = sv.expected_speedup(min(alpha, 1.0), k, c)
             gcol = f"{tg / tn:6.2f}x" if GPU else f"{'-':>7}"
-            print(f"{scale:>6.2f}{k:>3d}{alpha:>7.2f}{(acc + rounds) / rounds:>7.2f}"
-                  f"{to / o_rounds * 1e3:>10.2f}{tn / rounds * 1e3:>10.2f}"
-                  f"{te / to:>6.2f}x{te / tn:>6.2f}x{gcol}{fml:>7.2f}x{same:>8d}/{len(prompts)}")
+            print(
+                f"{scale:>6.2f}{k:>3d}{alpha:>7.2f}{(acc + rounds) / rounds:>7.2f}"
+                f"{to / o_rounds * 1e3:>10.2f}{tn / rounds * 1e3:>10.2f}"
+                f"{te / to:>6.2f}x{te / tn:>6.2f}x{gcol}{fml:>7.2f}x{same:>8d}/{len(prompts)}"
+            )
             del runner
         del target, draft
 
@@ -123,16 +136,26 @@ def chunk_table():
     prompt_lens, output_lens = ((32, 1024), (8, 256)) if GPU else ((4, 40), (2, 12))
     n, slots, chunk = (60, 32, 512) if GPU else (6, 3, 16)
     eng = sv.Engine(model, max_batch=slots, max_tokens=prompt_lens[1] + output_lens[1])
-    tr = sv.make_trace(n, vocab=CFG.vocab, prompt_lens=prompt_lens, output_lens=output_lens,
-                       rate=40.0 if GPU else 100.0, seed=0)
+    tr = sv.make_trace(
+        n,
+        vocab=CFG.vocab,
+        prompt_lens=prompt_lens,
+        output_lens=output_lens,
+        rate=40.0 if GPU else 100.0,
+        seed=0,
+    )
     eng.run(tr[: max(2, n // 6)], "chunked", prefill_chunk=chunk)  # warm-up: shapes, allocator
     eng.run(tr[: max(2, n // 6)], "continuous")
     print(f"== engine: {n} requests, {slots} slots, chunk {chunk}")
-    print(f"{'policy':>11}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}  (ms)")
+    print(
+        f"{'policy':>11}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}  (ms)"
+    )
     for pol in ("continuous", "chunked", "static"):
         s = eng.run(tr, pol, prefill_chunk=chunk).summary()
-        print(f"{pol:>11}{s['tokens_per_s']:>9,.0f}{s['ttft_p50'] * 1e3:>10.1f}{s['ttft_p99'] * 1e3:>10.1f}"
-              f"{s['tpot_p50'] * 1e3:>10.2f}{s['tpot_p99'] * 1e3:>10.2f}")
+        print(
+            f"{pol:>11}{s['tokens_per_s']:>9,.0f}{s['ttft_p50'] * 1e3:>10.1f}{s['ttft_p99'] * 1e3:>10.1f}"
+            f"{s['tpot_p50'] * 1e3:>10.2f}{s['tpot_p99'] * 1e3:>10.2f}"
+        )
 
 
 if __name__ == "__main__":
