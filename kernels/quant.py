@@ -30,6 +30,12 @@ Kernels:
 - ``_gemv_kernel`` (``path="gemv"``, 1 to 4 rows): the textbook GEMV on CUDA cores, one fp32 FMA
   per weight and row, kept to measure against: it runs out of instruction issue slots long before
   HBM runs out of bytes.
+- ``int4_gemv_mma`` (``path="cuda"``, int4 with groups of 128, bf16, 1 to 8 rows; the default
+  where it builds: an NVIDIA GPU of compute capability 8.0+ with nvcc): CUDA C++ in
+  ``kernels/cuda/int4_gemv_mma.cu``. The weight is repacked once (``repack_int4_mma``) into the
+  register order of the tensor-core instruction, so each lane's 16-byte load unpacks straight into
+  ``mma`` operands, with no shared memory for the weights and no padded copies of x: the
+  instructions per weight byte that limit the Triton kernel (Act 7 measures them) disappear.
 - Unpacking uses a few lines of PTX per four bytes (``INT4_BF16_ASM`` and friends) where the GPU
   supports them, and portable Triton code elsewhere (the interpreter, pre-Ampere GPUs).
 - Both kernels take a split of K across programs (``SPLIT_K``) with fp32 atomics, used only when
@@ -44,8 +50,11 @@ decoder-like MLP stack to compare schemes.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -527,6 +536,104 @@ def _use_asm(dtype: torch.dtype = torch.bfloat16) -> bool:
     return cap.compute_capability >= ((8, 0) if dtype is torch.bfloat16 else (5, 3))
 
 
+# --------------------------------------------------------------------------- the CUDA int4 kernel
+
+# (NT, S, D) of kernels/cuda/int4_gemv_mma.cu in order of preference: 16-row tiles per warp, warps
+# per block (each a slice of K), groups prefetched. Timed on an H100 by scripts/gpu/int4_mma_probe.py;
+# the first that divides the shape runs (N a multiple of 16 NT, K / 128 of S).
+INT4_MMA_CONFIGS = [(2, 16, 1), (2, 8, 1), (2, 4, 2)]
+INT4_MMA_MAX_M = 8
+_CUDA_DIR = Path(__file__).resolve().parent / "cuda"
+
+
+def int4_mma_unavailable() -> str | None:
+    """Why the CUDA int4 kernel cannot be built here, or None when it can: it needs an NVIDIA GPU of
+    compute capability 8.0+ (bf16 ``mma``), a CUDA build of PyTorch and nvcc."""
+    from kernels import cuda
+
+    reason = cuda.unavailable_reason()
+    if reason:
+        return reason
+    if device.capabilities().compute_capability < (8, 0):
+        return "the bf16 tensor-core instruction needs compute capability 8.0 or newer"
+    return None
+
+
+def _int4_mma_config(n: int, k: int) -> tuple[int, int, int] | None:
+    return next(
+        (c for c in INT4_MMA_CONFIGS if n % (16 * c[0]) == 0 and (k // 128) % c[1] == 0), None
+    )
+
+
+def _int4_mma_misfit(x2: torch.Tensor, qw: QuantizedWeight) -> str | None:
+    """Why this call does not fit the CUDA kernel (None when it does)."""
+    n, k = qw.shape
+    if qw.bits != 4 or qw.group_size != 128:
+        return f"it takes int4 with groups of 128, got {qw.bits}-bit with groups of {qw.group_size}"
+    if x2.dtype != torch.bfloat16:
+        return f"it takes bf16 activations, got {x2.dtype}"
+    if not x2.is_cuda:
+        return "it needs CUDA tensors"
+    if x2.shape[0] > INT4_MMA_MAX_M:
+        return f"it takes at most {INT4_MMA_MAX_M} rows of x, got {x2.shape[0]}"
+    if k % 128 or _int4_mma_config(n, k) is None:
+        return f"no configuration divides N = {n}, K = {k}"
+    return None
+
+
+@functools.cache
+def _int4_mma_module():
+    from torch.utils.cpp_extension import load_inline
+
+    major, minor = torch.cuda.get_device_capability()
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")  # build for this GPU only
+    signature = "torch::Tensor x, int64_t nt, int64_t s, int64_t d"
+    return load_inline(
+        name="gpu_brrr_int4_gemv_mma",
+        cpp_sources=f"torch::Tensor int4_gemv_mma(torch::Tensor w, torch::Tensor sc, {signature});",
+        cuda_sources=(_CUDA_DIR / "int4_gemv_mma.cu").read_text()
+        + "\n"
+        + (_CUDA_DIR / "int4_gemv_mma_bindings.cu").read_text(),
+        functions=["int4_gemv_mma"],
+        extra_cuda_cflags=["-O3", "-lineinfo", "-std=c++17"],
+        verbose=False,
+    )
+
+
+def repack_int4_mma(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int4 weight and scales in the order ``kernels/cuda/int4_gemv_mma.cu`` loads them: returns
+    ``(w, scales)``, ``w`` uint8 of ``N * K / 2`` bytes, ``scales`` fp16 ``[N/16, K/128, 8, 2]``.
+
+    For row tile ``rb`` (16 rows), group ``g`` (128 k), quad ``q`` (4 k-steps of 16) and lane ``l``
+    there are 16 bytes, four 32-bit words; word ``i`` is k-step ``j = 4q + i`` and its nibble ``p``
+    holds the code of row ``16 rb + l // 4 + 8 (p & 1)`` and column
+    ``128 g + 16 j + 2 (l % 4) + (p >> 2) + 8 ((p >> 1) & 1)``: exactly the A fragment of one
+    ``mma.m16n8k16`` for lane ``l``. Computed once per weight (views and one permute) and cached on
+    it."""
+    cached = getattr(qw, "_int4_mma", None)
+    if cached is not None:
+        return cached
+    n, k = qw.shape
+    if qw.bits != 4 or qw.group_size != 128 or n % 16 or k % 128:
+        raise ValueError(
+            f"qw must be int4 with groups of 128 and N % 16 == K % 128 == 0, got {qw.bits}-bit, "
+            f"groups of {qw.group_size}, shape {qw.shape}"
+        )
+    half = k // 2
+    codes = torch.empty(n, k, dtype=torch.uint8, device=qw.data.device)
+    codes[:, :half] = qw.data & 0xF
+    codes[:, half:] = qw.data >> 4
+    rb, g = n // 16, k // 128
+    # [rb, h, lr, g, q, i, kh, lc, e] with row = 16 rb + 8 h + lr, col = 128 g + 64 q + 16 i + 8 kh
+    # + 2 lc + e; reorder to [rb, g, q, lane = 4 lr + lc, word i, nibble p = 4 e + 2 kh + h].
+    c = codes.view(rb, 2, 8, g, 2, 4, 2, 4, 2).permute(0, 3, 4, 2, 7, 5, 8, 6, 1)
+    c = c.reshape(rb, g, 2, 32, 4, 8)
+    w = (c[..., 0::2] | (c[..., 1::2] << 4)).contiguous().view(-1)  # little-endian nibble pairs
+    scales = qw.scales.view(rb, 2, 8, g).permute(0, 3, 2, 1).contiguous()
+    object.__setattr__(qw, "_int4_mma", (w, scales))  # a frozen dataclass: cache beside the fields
+    return w, scales
+
+
 def gemv(
     x: torch.Tensor,
     qw: QuantizedWeight,
@@ -537,8 +644,10 @@ def gemv(
 ) -> torch.Tensor:
     """``x @ dequantize(qw).T`` fused: ``x: [M, K]`` or ``[K]`` in fp16/bf16, result in x's dtype.
 
-    ``path``: "mma" (tensor cores, any M; the default) or "gemv" (CUDA-core FMAs, M <= 4: the
-    textbook GEMV, kept to measure against). ``split_k``: force a K split (default: only when N is
+    ``path``: "cuda" (the CUDA C++ tensor-core kernel for int4, groups of 128, bf16, M <= 8; the
+    default where ``int4_mma_unavailable`` is None and the shape fits), "mma" (Triton, tensor
+    cores, any M; the default otherwise, and whenever ``split_k`` or ``fast_unpack`` is given) or
+    "gemv" (CUDA-core FMAs, M <= 4: the textbook GEMV, kept to measure against). ``split_k``: force a K split (default: only when N is
     too small to fill the GPU). ``fast_unpack``: the PTX unpacking (default where it runs: NVIDIA
     sm_80+) or False for the portable Triton code.
     """
@@ -553,9 +662,23 @@ def gemv(
         raise ValueError(f"x has K = {x2.shape[1]} but qw was quantized with K = {k}")
     if x.device != qw.data.device:
         raise ValueError(f"x and qw must be on one device, got {x.device} and {qw.data.device}")
-    if path not in (None, "gemv", "mma"):
-        raise ValueError(f"path must be None, 'gemv' or 'mma', got {path!r}")
-    path = path or "mma"
+    if path not in (None, "gemv", "mma", "cuda"):
+        raise ValueError(f"path must be None, 'cuda', 'gemv' or 'mma', got {path!r}")
+    if path == "cuda":
+        why = _int4_mma_misfit(x2, qw) or int4_mma_unavailable()
+        if why:
+            raise ValueError(f"path='cuda' cannot run here: {why}")
+    if path is None and (split_k is not None or fast_unpack is not None):
+        path = "mma"  # the Triton kernel's own knobs ask for the Triton kernel
+    if path is None:
+        path = "cuda" if not (_int4_mma_misfit(x2, qw) or int4_mma_unavailable()) else "mma"
+    if path == "cuda":
+        if m == 0:
+            return torch.empty((n,) if x.ndim == 1 else (m, n), device=x.device, dtype=x.dtype)
+        w_packed, s_packed = repack_int4_mma(qw)
+        cfg = _int4_mma_config(n, k)
+        y = _int4_mma_module().int4_gemv_mma(w_packed, s_packed, x2.contiguous(), *cfg)
+        return y.reshape((n,) if x.ndim == 1 else (m, n))
     if path == "gemv" and m > GEMV_MAX_M:
         raise ValueError(f"path='gemv' handles at most {GEMV_MAX_M} rows, got M = {m}")
     if split_k is not None:

@@ -130,6 +130,55 @@ def test_both_paths_agree_for_small_batches(m, bits, group):
         _gemv_case(m, 48, 256, bits, group, torch.float16, path)
 
 
+# --------------------------------------------------------------------------- the CUDA int4 kernel
+
+
+def test_repack_int4_mma_layout():
+    """Every nibble of the repacked weight is the code the kernel's formula says it is."""
+    n, k = 32, 384
+    qw = quant.quantize(torch.randn(n, k) * 0.02, 4, 128)
+    w, s = quant.repack_int4_mma(qw)
+    assert w.dtype == torch.uint8 and w.numel() == n * k // 2
+    assert s.shape == (n // 16, k // 128, 8, 2) and s.dtype == torch.float16
+    codes = torch.cat([qw.data & 0xF, qw.data >> 4], 1).long()
+    b = w.view(n // 16, k // 128, 2, 32, 4, 4).long()  # [rb, g, q, lane, word, byte]
+    nib = torch.stack([b & 0xF, b >> 4], -1).flatten(-2)  # [..., word, nibble p]
+    rb, g, q, lane, i, p = torch.meshgrid(
+        *[torch.arange(d) for d in (n // 16, k // 128, 2, 32, 4, 8)], indexing="ij"
+    )
+    row = 16 * rb + lane // 4 + 8 * (p & 1)
+    col = 128 * g + 16 * (4 * q + i) + 2 * (lane % 4) + (p >> 2) + 8 * ((p >> 1) & 1)
+    assert torch.equal(nib, codes[row, col])
+    r = torch.arange(n).view(n // 16, 2, 8).permute(0, 2, 1)  # [rb, lr, h] -> row
+    assert torch.equal(s, qw.scales[r].permute(0, 3, 1, 2))
+    assert quant.repack_int4_mma(qw)[0] is w  # cached on the weight
+
+
+def test_repack_and_cuda_path_refuse_what_they_cannot_do():
+    with pytest.raises(ValueError, match="int4 with groups of 128"):
+        quant.repack_int4_mma(quant.quantize(torch.randn(16, 256), 8, None))
+    qw = quant.quantize(torch.randn(32, 256, device=DEV) * 0.02, 4, 128)
+    x = torch.randn(9, 256, device=DEV, dtype=torch.float16)
+    with pytest.raises(ValueError, match="path='cuda' cannot run here"):
+        quant.gemv(x, qw, path="cuda")
+
+
+@pytest.mark.skipif(
+    not device.GPU_MODE or quant.int4_mma_unavailable() is not None,
+    reason="the CUDA int4 kernel needs an NVIDIA GPU (cc 8.0+) and nvcc",
+)
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("nk", [(32, 2048), (96, 1024), (4096, 4096)])
+def test_cuda_int4_kernel_matches_reference(nk, m):
+    n, k = nk
+    qw = quant.quantize(torch.randn(n, k, device=DEV) * 0.02, 4, 128)
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    y = quant.gemv(x, qw, path="cuda")
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16
+    assert _rel(y, x.float() @ quant.dequantize(qw).T) < 8e-3
+    assert torch.equal(quant.gemv(x, qw), y)  # the default path where it runs
+
+
 @pytest.mark.parametrize("split", [2, 4])
 @pytest.mark.parametrize("path", ["gemv", "mma"])
 def test_split_k(path, split):
@@ -168,7 +217,7 @@ _QW = quant.quantize(torch.randn(8, 64), 4, 32)
         (torch.zeros(2, 2, 64, dtype=torch.float16), _QW, {}, ValueError, "x must be 1-D"),
         (torch.zeros(64, 2, dtype=torch.float16).t(), _QW, {}, ValueError, "x must be contiguous"),
         (torch.zeros(8, 64, dtype=torch.float16), _QW, {"path": "gemv"}, ValueError, "at most 4 rows"),
-        (torch.zeros(2, 64, dtype=torch.float16), _QW, {"path": "cuda"}, ValueError, "path must be"),
+        (torch.zeros(2, 64, dtype=torch.float16), _QW, {"path": "cublas"}, ValueError, "path must be"),
         (torch.zeros(2, 64, dtype=torch.float16), _QW, {"split_k": 3}, ValueError, "split_k must be"),
     ],
 )  # fmt: skip
