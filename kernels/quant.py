@@ -582,6 +582,21 @@ def _int4_mma_misfit(x2: torch.Tensor, qw: QuantizedWeight) -> str | None:
 
 
 @functools.cache
+def _int4_mma_build_error() -> str | None:
+    """Build the CUDA int4 kernel once for the default path; on failure warn and return why, so that
+    ``gemv`` falls back to Triton instead of failing (an explicit ``path="cuda"`` still raises)."""
+    try:
+        _int4_mma_module()
+    except Exception as e:  # noqa: BLE001 - any toolchain failure means "use the Triton kernel"
+        import warnings
+
+        msg = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"
+        warnings.warn(f"CUDA int4 kernel unavailable, using Triton: {msg}", stacklevel=3)
+        return msg
+    return None
+
+
+@functools.cache
 def _int4_mma_module():
     from torch.utils.cpp_extension import load_inline
 
@@ -672,6 +687,8 @@ def gemv(
         path = "mma"  # the Triton kernel's own knobs ask for the Triton kernel
     if path is None:
         path = "cuda" if not (_int4_mma_misfit(x2, qw) or int4_mma_unavailable()) else "mma"
+        if path == "cuda" and _int4_mma_build_error() is not None:
+            path = "mma"  # the build failed once (warned then): the Triton kernel serves
     if path == "cuda":
         if m == 0:
             return torch.empty((n,) if x.ndim == 1 else (m, n), device=x.device, dtype=x.dtype)

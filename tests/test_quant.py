@@ -163,6 +163,27 @@ def test_repack_and_cuda_path_refuse_what_they_cannot_do():
         quant.gemv(x, qw, path="cuda")
 
 
+def test_default_path_falls_back_when_the_cuda_build_fails(monkeypatch):
+    """A machine that looks able to build the CUDA kernel but fails to: warn once, serve Triton."""
+    qw = quant.quantize(torch.randn(32, 256, device=DEV) * 0.02, 4, 128)
+    x = torch.randn(2, 256, device=DEV, dtype=torch.float16)
+    want = quant.gemv(x, qw, path="mma")
+
+    def broken():
+        raise RuntimeError("Error building extension 'gpu_brrr_int4_gemv_mma'")
+
+    monkeypatch.setattr(quant, "_int4_mma_misfit", lambda x2, qw: None)
+    monkeypatch.setattr(quant, "int4_mma_unavailable", lambda: None)
+    monkeypatch.setattr(quant, "_int4_mma_module", broken)
+    quant._int4_mma_build_error.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="using Triton"):
+            y = quant.gemv(x, qw)
+        assert torch.equal(y, want)
+    finally:
+        quant._int4_mma_build_error.cache_clear()
+
+
 @pytest.mark.skipif(
     not device.GPU_MODE or quant.int4_mma_unavailable() is not None,
     reason="the CUDA int4 kernel needs an NVIDIA GPU (cc 8.0+) and nvcc",
