@@ -364,6 +364,13 @@ def time_collective(
 # ----------------------------------------------------------------------------- registered benchmark
 
 
+def row_measurement(row: dict) -> bench.Measurement:
+    """A ``bench.Measurement`` from one row of ``scripts/dist/collectives_bench.py`` (its time is the
+    slowest rank's median, the only statistic ``time_collective`` keeps; GB/s is bus bandwidth)."""
+    ms = row["seconds"] * 1e3
+    return bench.Measurement(ms, ms, ms, row["busbw"], None, True)
+
+
 @bench.register("collectives")
 def _bench_collectives(quick: bool) -> list[dict]:
     """Ring all-reduce and NCCL's collectives at large sizes on every GPU of this machine (torchrun,
@@ -383,14 +390,10 @@ def _bench_collectives(quick: bool) -> list[dict]:
         backend=plan.backend,
     )
 
-    def measurement(row: dict) -> bench.Measurement:
-        ms = row["seconds"] * 1e3  # time_collective keeps the median only
-        return bench.Measurement(ms, ms, ms, row["busbw"], None, True)
-
     records = []
     for size in sorted({r["bytes"] for r in res["rows"]}):
         rows = {r["op"]: r for r in res["rows"] if r["bytes"] == size}
-        nccl = measurement(rows["all_reduce"])
+        nccl = row_measurement(rows["all_reduce"])
         ceiling = ("send_recv_busbw", rows["send_recv"]["busbw"])
         for op in ("ring_all_reduce", "all_reduce", "all_gather", "reduce_scatter"):
             records.append(
@@ -399,7 +402,7 @@ def _bench_collectives(quick: bool) -> list[dict]:
                     f"{'course ring' if op.startswith('ring') else 'nccl'} x{res['world']}",
                     [size // 4],
                     "float32",
-                    measurement(rows[op]),
+                    row_measurement(rows[op]),
                     baseline=("nccl_all_reduce", nccl) if op == "ring_all_reduce" else None,
                     ceiling=ceiling,
                 )

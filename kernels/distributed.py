@@ -79,6 +79,15 @@ def plan() -> Plan:
     )
 
 
+def cli_args(cfg: dict) -> list:
+    """A worker's command line from a dict: ``{"d_model": 64, "micros": [1, 2]}`` becomes
+    ``["--d-model", 64, "--micros", 1, 2]`` (``torchrun`` turns the values into strings)."""
+    out = []
+    for k, v in cfg.items():
+        out += [f"--{k.replace('_', '-')}", *(v if isinstance(v, list) else [v])]
+    return out
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

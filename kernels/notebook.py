@@ -26,3 +26,11 @@ def glue(name: str, value) -> None:
 def fmt(value: float, digits: int = 0) -> str:
     """A number as the book prints it: thousands separators, fixed digits."""
     return f"{value:,.{digits}f}"
+
+
+def fmt_bytes(nbytes: float) -> str:
+    """A message or buffer size as the book prints it: 1 KiB, 64 MiB, 1 GiB."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if nbytes >= size:
+            return f"{nbytes / size:g} {unit}"
+    return f"{nbytes / 1024:g} KiB"

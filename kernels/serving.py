@@ -500,6 +500,17 @@ class SpecStats:
         return (self.accepted + self.rounds) / self.rounds if self.rounds else float("nan")
 
 
+def _check_spec_call(target, draft, prompt, max_new, k) -> None:
+    """The arguments every speculative decoder takes, checked once."""
+    _check_alpha_k(0.0, k)
+    if not isinstance(prompt, torch.Tensor) or prompt.ndim != 1 or prompt.dtype != torch.long:
+        raise ValueError("prompt must be a 1-D int64 tensor")
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+        raise ValueError(f"max_new must be a positive int, got {max_new!r}")
+    if draft.cfg.vocab != target.cfg.vocab:
+        raise ValueError("draft and target must share the vocabulary")
+
+
 @torch.inference_mode()
 def speculative_generate_legacy(
     target: Decoder, draft: Decoder, prompt: torch.Tensor, max_new: int, k: int
@@ -514,13 +525,7 @@ def speculative_generate_legacy(
     a host-to-device copy (a synchronisation) for every position tensor, a draft catch-up and a
     verification through the extend path whose shapes change every round, and the acceptance
     decided on the host. ``speculative_generate`` is the same algorithm without those costs."""
-    _check_alpha_k(0.0, k)
-    if not isinstance(prompt, torch.Tensor) or prompt.ndim != 1 or prompt.dtype != torch.long:
-        raise ValueError("prompt must be a 1-D int64 tensor")
-    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
-        raise ValueError(f"max_new must be a positive int, got {max_new!r}")
-    if draft.cfg.vocab != target.cfg.vocab:
-        raise ValueError("draft and target must share the vocabulary")
+    _check_spec_call(target, draft, prompt, max_new, k)
     dev = target.device
     p = prompt.shape[0]
     length = p + max_new + k + 1
@@ -653,10 +658,7 @@ class SpeculativeDecoder:
     def generate(self, prompt: torch.Tensor, max_new: int) -> tuple[torch.Tensor, SpecStats]:
         """The ``max_new`` new tokens after ``prompt`` and the acceptance statistics; ``seconds``
         covers the prefills and the rounds (not the construction)."""
-        if not isinstance(prompt, torch.Tensor) or prompt.ndim != 1 or prompt.dtype != torch.long:
-            raise ValueError("prompt must be a 1-D int64 tensor")
-        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
-            raise ValueError(f"max_new must be a positive int, got {max_new!r}")
+        _check_spec_call(self.target, self.draft, prompt, max_new, self.k)
         p, k = prompt.shape[0], self.k
         if p + max_new > self.max_tokens:
             raise ValueError(f"prompt + max_new ({p + max_new}) exceeds max_tokens")
@@ -712,13 +714,7 @@ def speculative_generate(
     Runs a ``SpeculativeDecoder`` (one CUDA graph per round on a GPU); pass ``runner`` to reuse
     one across prompts, else one is built (and captured) here, before the timed region.
     ``speculative_generate_legacy`` is the first, eager implementation."""
-    _check_alpha_k(0.0, k)
-    if not isinstance(prompt, torch.Tensor) or prompt.ndim != 1 or prompt.dtype != torch.long:
-        raise ValueError("prompt must be a 1-D int64 tensor")
-    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
-        raise ValueError(f"max_new must be a positive int, got {max_new!r}")
-    if draft.cfg.vocab != target.cfg.vocab:
-        raise ValueError("draft and target must share the vocabulary")
+    _check_spec_call(target, draft, prompt, max_new, k)
     if runner is None:
         runner = SpeculativeDecoder(target, draft, k, prompt.shape[0] + max_new)
     elif runner.target is not target or runner.draft is not draft or runner.k != k:

@@ -272,3 +272,10 @@ def test_tiny_gpt_and_state_bytes():
     opt.step()
     b = D.model_state_bytes(model, opt)
     assert b["params"] == b["grads"] == b["optimizer"] / 2 == 4 * D.gpt_params(50, 16, 2, 8)
+
+
+def test_notebook_helpers_for_the_workers():
+    from kernels.notebook import fmt_bytes
+
+    assert D.cli_args({"d_model": 64, "micros": [1, 2]}) == ["--d-model", 64, "--micros", 1, 2]
+    assert [fmt_bytes(b) for b in (1024, 3 * 2**19, 2**30)] == ["1 KiB", "1.5 MiB", "1 GiB"]

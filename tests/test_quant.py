@@ -154,6 +154,14 @@ def test_repack_int4_mma_layout():
     assert quant.repack_int4_mma(qw)[0] is w  # cached on the weight
 
 
+def test_int4_mma_configs_are_instantiated():
+    """Every configuration quant.gemv may pick is one the .cu file compiles."""
+    from kernels.cuda import _search_space
+
+    built = set(_search_space("int4_gemv_mma.cu", "INT4_MMA_CONFIGS"))
+    assert set(quant.INT4_MMA_CONFIGS) <= built, set(quant.INT4_MMA_CONFIGS) - built
+
+
 def test_repack_and_cuda_path_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="int4 with groups of 128"):
         quant.repack_int4_mma(quant.quantize(torch.randn(16, 256), 8, None))
