@@ -6,7 +6,9 @@ two ceilings once per process and compare every kernel against them:
 - **copy bandwidth**: a large device-to-device ``copy_``, counting bytes read *plus* bytes written;
 - **matmul peak**: the library (cuBLAS) matrix product at a large square size, per dtype.
 
-``plot_roofline`` draws the datasheet roof dashed, the measured roof solid and kernels as points.
+``plot_roofline`` draws the datasheet roof dashed, the measured roof solid and kernels as points;
+the plots use the book's style (``kernels.plotstyle``): its palette, text no smaller than
+``plotstyle.SMALL_PT`` and point labels placed by ``plotstyle.label_points`` so that none overlaps.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import bench, device, hardware
+from kernels import bench, device, hardware, plotstyle
 
 
 @dataclass(frozen=True)
@@ -176,16 +178,19 @@ def plot_roofline(
         f"ridge {ridge:.0f} FLOP/B",
         (ridge, peak_tflops),
         textcoords="offset points",
-        xytext=(5, -15),
-        fontsize=8,
+        xytext=(4, -14),
+        fontsize=plotstyle.SMALL_PT,
     )
-    for i, (name, ai, tf) in enumerate(points):
-        ax.plot([ai], [tf], "o", color=f"C{(i + 1) % 10}")
-        ax.annotate(name, (ai, tf), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    if points:
+        colors = [plotstyle.color(i + 1) for i in range(len(points))]
+        for (_, ai, tf), c in zip(points, colors):
+            ax.plot([ai], [tf], "o", color=c)
+        names, xs, ys = zip(*points)
+        plotstyle.label_points(ax, xs, ys, names, colors=colors)
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="lower right", fontsize=plotstyle.SMALL_PT)
     return ax
 
 
@@ -206,7 +211,7 @@ def plot_dtype_roofs(
 
     x = np.logspace(-2, 4, 400)
     for i, (label, peak) in enumerate(peaks.items()):
-        color = f"C{i}"
+        color = plotstyle.color(i)
         roof = np.minimum(bandwidth_gbps * 1e9 * x / 1e12, peak)
         ax.loglog(x, roof, color=color, lw=2, label=f"{label}: measured {peak:,.0f}")
         sheet = (datasheet_peaks or {}).get(label)
@@ -216,7 +221,7 @@ def plot_dtype_roofs(
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=7, ncol=2)
+    ax.legend(loc="lower right", fontsize=plotstyle.SMALL_PT, ncol=2)
     return ax
 
 
@@ -232,13 +237,14 @@ def plot_points(
 ):
     """Add a series of ``(label, arithmetic_intensity, achieved_tflops)`` points to a roofline,
     with one legend entry; ``join`` links them with a thin line (sizes of one op walking along
-    the roof), otherwise they stay separate markers (different ops of one family)."""
+    the roof), otherwise they stay separate markers (different ops of one family). ``annotate``
+    labels the points with ``plotstyle.label_points`` (to place the labels of several series
+    together, pass ``annotate=False`` and call ``label_points`` once with all of them)."""
     xs = [p[1] for p in points]
     ys = [p[2] for p in points]
     style = dict(ls="-", lw=0.6) if join else dict(ls="none")
     (line,) = ax.loglog(xs, ys, marker=marker, ms=5, color=color, label=series, **style)
-    if annotate:
-        for label, ai, tf in points:
-            offset = dict(textcoords="offset points", xytext=(4, -9))
-            ax.annotate(label, (ai, tf), fontsize=6, color=line.get_color(), **offset)
+    if annotate and points:
+        labels = [p[0] for p in points]
+        plotstyle.label_points(ax, xs, ys, labels, colors=[line.get_color()] * len(points))
     return ax
