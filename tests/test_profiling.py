@@ -314,4 +314,4 @@ def test_profile_silences_only_the_cycle_false_alarm(recwarn):
     assert not [w for w in recwarn if "clears events" in str(w.message)]
     # the filter is scoped to the profiler session: the same message raised outside still shows
     with pytest.warns(UserWarning, match="clears events"):
-        warnings.warn("Warning: Profiler clears events at the end of each cycle.", UserWarning)
+        warnings.warn("Profiler clears events at the end of each cycle.", UserWarning, stacklevel=1)
