@@ -358,7 +358,7 @@ def plot_timeline(
         if label == "GPU kernels":
             gaps = [((s - lo) / 1e3, (e - s) / 1e3) for s, e in occ.gaps]
             ax.broken_barh(
-                gaps, (y - 0.45, 0.9), color=plotstyle.color(1), alpha=0.2, label="GPU idle"
+                gaps, (y - 0.45, 0.9), color=plotstyle.color(1), alpha=0.2, lw=0, label="GPU idle"
             )
             ax.legend(loc="upper right", bbox_to_anchor=(1.0, 1.22), ncols=1)
     for s, _ in trace.steps:
