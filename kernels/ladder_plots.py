@@ -576,41 +576,57 @@ def compile_matmul_ptx(
 
 def plot_ladder_bars(ax, ours: dict[int, float], *, gpu: str, names: dict[int, str] | None = None):
     """Grouped bars per step: ``ours`` (fraction of this GPU's cuBLAS fp32) next to the A6000
-    column of the worklog; a line at cuBLAS (1.0)."""
+    column of the worklog; a line at cuBLAS (1.0). In the book's style (kernels.plotstyle)."""
+    import textwrap
+
+    from kernels import plotstyle
+
     steps = sorted(set(ours) | set(A6000_OF_CUBLAS))
     x = list(range(len(steps)))
     w = 0.4
     mine = [ours.get(s, 0.0) for s in steps]
     ref = [A6000_OF_CUBLAS.get(s, 0.0) for s in steps]
-    b1 = ax.bar([i - w / 2 for i in x], mine, w, label=f"this run: {gpu}", color="C0")
-    ax.bar([i + w / 2 for i in x], ref, w, label="RTX A6000 (Boehm's worklog)", color="C7")
+    b1 = ax.bar([i - w / 2 for i in x], mine, w, label=f"this run: {gpu}", color=plotstyle.color(0))
+    ax.bar([i + w / 2 for i in x], ref, w, label="RTX A6000 (Boehm's worklog)", color="0.65")
     for rect, v in zip(b1, mine):
-        ax.annotate(
-            f"{v:.2f}",
-            (rect.get_x() + rect.get_width() / 2, v),
-            textcoords="offset points",
-            xytext=(0, 2),
-            ha="center",
-            fontsize=7,
-        )
+        if v > 0:
+            ax.annotate(
+                f"{v:.2f}",
+                (rect.get_x() + rect.get_width() / 2, v),
+                textcoords="offset points",
+                xytext=(0, 2),
+                ha="center",
+                fontsize=plotstyle.SMALL_PT,
+            )
     ax.axhline(1.0, color="k", lw=1, ls="--", label="cuBLAS fp32 (each GPU's own)")
-    labels = [f"{s}\n{(names or {}).get(s, '')}" for s in steps]
-    ax.set_xticks(x, labels, fontsize=7)
+    # Names wrapped to the width of a group of bars, so that neighbouring tick labels never touch.
+    labels = [
+        f"{s}\n" + textwrap.fill((names or {}).get(s, ""), 7, break_long_words=False) for s in steps
+    ]
+    ax.set_xticks(x, labels)
     ax.set_ylabel("fraction of cuBLAS fp32")
-    ax.set_ylim(0, 1.12)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_ylim(0, 1.55)  # room above the cuBLAS line for the legend
+    ax.legend(loc="upper left", ncols=2)
+    ax.grid(False, axis="x")
     return ax
 
 
 def plot_sweep(ax, sizes: list[int], series: dict[str, list[float]], *, ylabel: str = "TFLOP/s"):
-    """One line per series over square sizes (log-2 x axis)."""
+    """One line per series over square sizes (log-2 x axis); cuBLAS dashed in black."""
+    from kernels import plotstyle
+
+    i = 0
     for label, ys in series.items():
-        style = dict(color="k", ls="--", marker="s") if "cuBLAS" in label else dict(marker="o")
+        if "cuBLAS" in label:
+            style = dict(color="k", ls="--", marker="s")
+        else:
+            style = dict(color=plotstyle.color(i), marker="o")
+            i += 1
         ax.semilogx(sizes, ys, label=label, base=2, **style)
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set_xlabel("n (n x n x n)")
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7)
+    ax.legend()
     return ax
 
 

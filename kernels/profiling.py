@@ -7,8 +7,9 @@
 - ``profile_layer(module, inputs, steps)``: the same for one module's forward pass, the recipe the
   book recommends for "why is my layer slow?".
 - ``load_trace(path)`` parses that JSON into rows of intervals (CPU ops, CUDA runtime calls, GPU
-  kernels); ``idle_gaps`` computes how much of a window a row was busy, and ``plot_timeline`` draws
-  the rows with matplotlib, the GPU's idle gaps shaded.
+  kernels, the profiler's own start-up stall); ``idle_gaps`` computes how much of a window a row
+  was busy, and ``plot_timeline`` draws the rows with matplotlib (the book's style), the GPU's idle
+  gaps shaded, starting after the profiler's start-up stall so that the plot shows the workload.
 - ``ncu_command(...)`` builds the Nsight Compute command line for one kernel of a script.
 - ``wall_time(fn)`` times ONE call on the host clock: for one-shot costs such as compilation, which
   ``bench.measure`` (median over many calls) cannot see. Steady-state timings still go through
@@ -23,6 +24,7 @@ import re
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,12 @@ STEP_PREFIX = "step "
 WARMUP_NAME = "profiler warm-up"
 # `name = async_compile.triton('name', '''source''', ...)` or `.cpp_pybinding([...], r'''source''')`
 _ASYNC_COMPILE = re.compile(r"^(\w+) = async_compile\.\w+\(.*?'{3}(.*?)'{3}", re.S | re.M)
+# Kineto's own work inside a trace: "Activity Buffer Request" (CUPTI allocating its buffers at the
+# first kernel launch it records) stalls that launch by a millisecond or more, with the GPU idle.
+PROFILER_CATEGORIES = ("overhead",)
+# torch 2.11 warns on every profiler use that it "clears events at the end of each cycle"; profile()
+# records exactly one cycle, so nothing is lost and the warning would only alarm the reader.
+_CYCLE_WARNING = r".*Profiler clears events at the end of each cycle"
 # Host calls that put work on the GPU: runtime and driver kernel launches, and CUDA graph launches.
 LAUNCH_CALL = re.compile(r"^cu(da)?(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)")
 
@@ -95,16 +103,19 @@ def profile(
     activities = [ProfilerActivity.CPU]
     if device.GPU_MODE:
         activities.append(ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities, record_shapes=record_shapes) as prof:
-        # The first annotation of a session pays a one-off set-up cost (up to milliseconds): pay it
-        # here rather than inside step 0. It is dropped from the table below.
-        with record_function(WARMUP_NAME):
-            pass
-        for i in range(steps):
-            with record_function(f"{STEP_PREFIX}{i}"):
-                fn()
-                # Inside the annotation: the step then spans its GPU work, and steps do not overlap.
-                device.synchronize()
+    with warnings.catch_warnings():
+        # A false alarm in some torch releases (see _CYCLE_WARNING): silence that message only.
+        warnings.filterwarnings("ignore", message=_CYCLE_WARNING, category=UserWarning)
+        with torch.profiler.profile(activities=activities, record_shapes=record_shapes) as prof:
+            # The first annotation of a session pays a one-off set-up cost (up to milliseconds):
+            # pay it here rather than inside step 0. It is dropped from the table below.
+            with record_function(WARMUP_NAME):
+                pass
+            for i in range(steps):
+                with record_function(f"{STEP_PREFIX}{i}"):
+                    fn()
+                    # Inside the annotation: the step then spans its GPU work; steps do not overlap.
+                    device.synchronize()
     averages = prof.key_averages()
     averages[:] = [e for e in averages if e.key != WARMUP_NAME]  # an EventList is a list
     sort_by = "device_time_total" if device.GPU_MODE else "cpu_time_total"
@@ -154,6 +165,7 @@ class Trace:
     gpu_names: list[str]
     steps: list[Interval]  # the "step i" annotations written by profile()
     t0: float
+    stalls: list[Interval] = field(default_factory=list)  # the profiler's own work (see below)
 
     @property
     def window(self) -> Interval:
@@ -165,6 +177,22 @@ class Trace:
             return (0.0, 0.0)
         return (min(s for s, _ in spans), max(e for _, e in spans))
 
+    @property
+    def startup_us(self) -> float:
+        """How long the profiler's start-up stall held up the start of the window: from the window's
+        start to the end of the last profiler stall that began inside it before any GPU work (0 when
+        there is none). CUPTI sets up its buffers at the first launch it records, inside step 0."""
+        lo, hi = self.window
+        first_gpu = min((s for s, _ in self.gpu), default=hi)
+        ends = [e for s, e in self.stalls if lo <= s < min(hi, first_gpu)]
+        return max(0.0, min(max(ends), hi) - lo) if ends else 0.0
+
+    @property
+    def steady_window(self) -> Interval:
+        """The window without the profiler's start-up stall: what the workload itself did."""
+        lo, hi = self.window
+        return (lo + self.startup_us, hi)
+
 
 def load_trace(path: str | Path) -> Trace:
     """Parse a Chrome trace written by ``torch.profiler`` (``.json`` or ``.json.gz``)."""
@@ -173,7 +201,13 @@ def load_trace(path: str | Path) -> Trace:
     with opener(path, "rt", encoding="utf-8") as f:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
-    rows: dict[str, list[tuple[float, float, str]]] = {"cpu": [], "rt": [], "gpu": [], "step": []}
+    rows: dict[str, list[tuple[float, float, str]]] = {
+        "cpu": [],
+        "rt": [],
+        "gpu": [],
+        "step": [],
+        "stall": [],
+    }
     t0 = float("inf")
     for e in events:
         if e.get("ph") != "X" or "dur" not in e:
@@ -189,6 +223,8 @@ def load_trace(path: str | Path) -> Trace:
             rows["gpu"].append(span)
         elif cat == "user_annotation" and name.startswith(STEP_PREFIX):
             rows["step"].append(span)
+        elif cat in PROFILER_CATEGORIES:
+            rows["stall"].append(span)
     t0 = 0.0 if t0 == float("inf") else t0
     for row in rows.values():
         row.sort()
@@ -204,6 +240,7 @@ def load_trace(path: str | Path) -> Trace:
         gpu_names=[n for _, _, n in rows["gpu"]],
         steps=rel(rows["step"]),
         t0=t0,
+        stalls=rel(rows["stall"]),
     )
 
 
@@ -271,49 +308,76 @@ def idle_gaps(intervals: Sequence[Interval], window: Interval) -> Occupancy:
     return Occupancy(hi - lo, sum(e - s for s, e in busy), gaps)
 
 
-def plot_timeline(trace: Trace, ax=None, *, title: str = ""):
-    """Draw the CPU-op, CUDA-runtime and GPU rows of ``trace`` over its window (milliseconds).
+def plot_timeline(
+    trace: Trace,
+    ax=None,
+    *,
+    title: str = "",
+    zoom_ms: float | None = None,
+    cut_startup: bool = True,
+):
+    """Draw the CPU-op, CUDA-runtime and GPU rows of ``trace`` (milliseconds), in the book's style.
 
-    The GPU's idle gaps are shaded and its busy fraction annotated. A CPU-only trace has no GPU rows.
+    The plot starts where the profiler's start-up stall ends (``trace.steady_window``; pass
+    ``cut_startup=False`` to keep it), so the workload fills the axis rather than a millisecond of
+    the profiler setting itself up; the cut is named on the x axis. ``zoom_ms`` shows only the
+    first ``zoom_ms`` milliseconds after that start. Each row's busy fraction over the plotted
+    window is written beside it, and the GPU's idle gaps are shaded. A CPU-only trace has no GPU
+    rows.
     """
-    import matplotlib.pyplot as plt
+    from kernels import plotstyle
 
+    if zoom_ms is not None and not zoom_ms > 0:
+        raise ValueError(f"zoom_ms must be a positive number of milliseconds, got {zoom_ms!r}")
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 2.4))
-    lo, hi = trace.window
-    rows = [("CPU ops", trace.cpu_ops, "C0")]
+        _, ax = plotstyle.figure(height=2.4)
+    lo, hi = trace.steady_window if cut_startup else trace.window
+    if zoom_ms is not None:
+        hi = min(hi, lo + zoom_ms * 1e3)
+    rows = [("CPU ops", trace.cpu_ops, plotstyle.color(0))]
     if trace.runtime:
-        rows.append(("CUDA runtime", trace.runtime, "C2"))
+        rows.append(("CUDA runtime", trace.runtime, plotstyle.color(2)))
     if trace.gpu:
-        rows.append(("GPU kernels", trace.gpu, "C1"))
+        rows.append(("GPU kernels", trace.gpu, plotstyle.color(3)))
     n = len(rows)
     for i, (label, row, color) in enumerate(rows):
         y = n - 1 - i  # first row on top
-        spans = [((s - lo) / 1e3, (e - s) / 1e3) for s, e in merge_intervals(row)]
-        ax.broken_barh(spans, (y - 0.35, 0.7), color=color)
         occ = idle_gaps(row, (lo, hi))
+        busy = merge_intervals([(max(s, lo), min(e, hi)) for s, e in row if e > lo and s < hi])
+        ax.broken_barh(
+            [((s - lo) / 1e3, (e - s) / 1e3) for s, e in busy], (y - 0.35, 0.7), color=color
+        )
         ax.text(
             1.01,
             y,
             f"busy {occ.busy_fraction:.0%}",
             transform=ax.get_yaxis_transform(),
             va="center",
-            fontsize=8,
+            fontsize=plotstyle.SMALL_PT,
         )
         if label == "GPU kernels":
             gaps = [((s - lo) / 1e3, (e - s) / 1e3) for s, e in occ.gaps]
-            ax.broken_barh(gaps, (y - 0.45, 0.9), color="C3", alpha=0.25, label="GPU idle")
-            ax.legend(loc="upper right", fontsize=8)
+            ax.broken_barh(
+                gaps, (y - 0.45, 0.9), color=plotstyle.color(1), alpha=0.2, lw=0, label="GPU idle"
+            )
+            ax.legend(loc="upper right", bbox_to_anchor=(1.0, 1.22), ncols=1)
     for s, _ in trace.steps:
-        ax.axvline((s - lo) / 1e3, color="k", lw=0.6, ls=":")
+        if lo <= s <= hi:
+            ax.axvline((s - lo) / 1e3, color="0.3", lw=0.8, ls=":")
     ax.set_yticks(range(n), [label for label, _, _ in reversed(rows)])
     ax.set_ylim(-0.6, n - 0.4)
     ax.set_xlim(0, (hi - lo) / 1e3)
-    ax.set_xlabel("time since the first profiled step (ms)")
+    cut = trace.startup_us if cut_startup else 0.0
+    since = (
+        f"ms after the profiler's start-up ({cut / 1e3:.1f} ms, not shown)"
+        if cut > 0
+        else "ms since the first profiled step"
+    )
+    ax.set_xlabel(since)
     ax.grid(True, axis="x", alpha=0.3)
     ax.grid(False, axis="y")
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title)
     return ax
 
 

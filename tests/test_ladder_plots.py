@@ -287,6 +287,26 @@ def test_plots_draw():
     plt.close(fig)
 
 
+def test_ladder_bars_readable_at_column_width():
+    """The book's figure: every step's value label and name legible, none on top of another."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kernels import plotstyle
+
+    plotstyle.use()
+    names = {1: "naive", 2: "coalesce", 3: "shared memory", 4: "1D block-tiling"}
+    names |= {5: "2D block-tiling", 6: "vectorised", 7: "tuned", 8: "warp-tiling"}
+    ours = {1: 0.01, 2: 0.12, 3: 0.18, 4: 0.31, 5: 0.43, 6: 0.71, 7: 0.78, 8: 0.86}
+    fig, ax = plotstyle.figure()
+    lp.plot_ladder_bars(ax, ours, gpu="NVIDIA H100 80GB HBM3", names=names)
+    assert plotstyle.overlapping_texts(fig) == []
+    renderer = fig.canvas.get_renderer()
+    ticks = [t.get_window_extent(renderer) for t in ax.get_xticklabels()]
+    assert not any(a.overlaps(b) for a, b in zip(ticks, ticks[1:])), "tick labels collide"
+    assert all(t.get_fontsize() >= plotstyle.SMALL_PT for t in ax.texts + ax.get_xticklabels())
+
+
 def test_a6000_column_is_the_worklogs():
     # Reading list 003: 309 GFLOP/s (1.3 %) for kernel 1 ... 21779 (93.7 %) for kernel 8.
     assert A6000_CUBLAS_GFLOPS_RANGE[0] < min(_implied_cublas()) <= max(_implied_cublas()) < 24_000

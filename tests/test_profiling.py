@@ -121,6 +121,44 @@ def test_plot_timeline(tmp_path, with_gpu, rows):
     assert ax.get_xlim() == (0, 0.08)  # the two steps, in ms
 
 
+def _with_startup_stall():
+    """SYNTHETIC with the profiler's start-up stall inside step 0, before the first kernel."""
+    events = list(SYNTHETIC["traceEvents"])
+    events.append(_event("overhead", "Activity Buffer Request", 1011, 4))
+    return {"traceEvents": events}
+
+
+def test_startup_stall_is_cut_from_the_window(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_with_startup_stall()))
+    tr = profiling.load_trace(path)
+    assert tr.stalls == [(11, 15)]
+    assert tr.startup_us == 5 and tr.steady_window == (15, 90) and tr.window == (10, 90)
+    plain = profiling.load_trace(_write(tmp_path / "plain.json", SYNTHETIC))
+    assert plain.startup_us == 0 and plain.steady_window == plain.window
+
+
+def _write(path, data):
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_plot_timeline_cuts_startup_and_zooms(tmp_path):
+    tr = profiling.load_trace(_write(tmp_path / "t.json", _with_startup_stall()))
+    ax = profiling.plot_timeline(tr)
+    assert ax.get_xlim() == (0, 0.075)  # from the end of the stall (15 us) to the end (90 us)
+    assert "start-up" in ax.get_xlabel()
+    kept = profiling.plot_timeline(tr, cut_startup=False)
+    assert kept.get_xlim() == (0, 0.08)
+    zoom = profiling.plot_timeline(tr, zoom_ms=0.005)
+    assert zoom.get_xlim() == (0, 0.005)
+    # the first kernel starts 1 us after the cut: the zoom panel shows it (GPU row, busy 80%)
+    texts = [t.get_text() for t in zoom.texts]
+    assert "busy 80%" in texts, texts
+    with pytest.raises(ValueError, match="zoom_ms"):
+        profiling.plot_timeline(tr, zoom_ms=0)
+
+
 # --- running the profiler -----------------------------------------------------------------------
 
 
@@ -267,3 +305,13 @@ def test_gelu_chain_rejects_bad_input(x, w, b, err, match):
 def test_fusion_benchmark_is_registered():
     assert "kernels.fusion" in bench.BENCH_MODULES
     assert "fusion" in bench.BENCHMARKS
+
+
+def test_profile_silences_only_the_cycle_false_alarm(recwarn):
+    import warnings
+
+    profiling.profile(lambda: torch.ones(3) * 2, steps=1)
+    assert not [w for w in recwarn if "clears events" in str(w.message)]
+    # the filter is scoped to the profiler session: the same message raised outside still shows
+    with pytest.warns(UserWarning, match="clears events"):
+        warnings.warn("Profiler clears events at the end of each cycle.", UserWarning, stacklevel=1)
