@@ -211,7 +211,9 @@ class _Plan(NamedTuple):
     compiled: object = None  # the compiled kernel, launched directly once chosen
 
 
-_PLANS: dict[tuple, _Plan] = {}
+_PLANS: dict[tuple, _Plan] = {}  # the chosen plan per case (see matmul's key)
+TIMINGS: dict[tuple, list[tuple[_Plan, float]]] = {}  # every candidate's median ms, per case
+TUNE = True  # False: take the first candidate untimed (one compile per case; the GPU tests do)
 _TMA_CAPABLE: dict[int, bool] = {}
 
 
@@ -282,23 +284,27 @@ def _launch(plan: _Plan, a, b, c, M: int, N: int, K: int, *, warmup: bool = Fals
     return kernel[grid](*args, **meta)
 
 
-def _tune(plans: list[_Plan], a, b, c, M: int, N: int, K: int) -> _Plan:
-    """The fastest of ``plans`` on these operands, with its compiled kernel attached."""
+def _tune(plans: list[_Plan], a, b, c, M: int, N: int, K: int) -> tuple[_Plan, list]:
+    """The fastest of ``plans`` on these operands, with its compiled kernel attached, and the
+    (plan, median ms) of every candidate that compiled. Untimed (the first candidate) in the
+    interpreter, with ``TUNE`` off, and inside a CUDA graph capture, where nothing may be timed."""
     if device.INTERPRET:
-        return plans[0]
+        return plans[0], []
+    if not TUNE or torch.cuda.is_current_stream_capturing():
+        plans = plans[:1]
     compiled = _compile_all(plans, a, b, c, M, N, K)
     ok = [p._replace(compiled=k) for p, k in zip(plans, compiled) if k is not None]
     if not ok:
         raise RuntimeError(f"no matmul configuration compiled for {M}x{N}x{K} {a.dtype}")
-    if len(ok) == 1 or torch.cuda.is_current_stream_capturing():
-        return ok[0]  # nothing may be timed inside a graph capture: the first candidate
+    if len(ok) == 1:
+        return ok[0], []
     times = [
         triton.testing.do_bench(
             lambda p=p: _launch(p, a, b, c, M, N, K), warmup=5, rep=20, return_mode="median"
         )
         for p in ok
     ]
-    return ok[times.index(min(times))]
+    return ok[times.index(min(times))], list(zip(ok, times))
 
 
 def _compile_all(plans: list[_Plan], a, b, c, M: int, N: int, K: int) -> list:
@@ -367,18 +373,20 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, persistent: bool | None = None) 
         return c
     if K == 0:
         return c.zero_()
-    sam, sak = a.stride()
-    sbk, sbn = b.stride()
-    # Everything the compiled kernel was specialised on: rows bucket, sizes, strides, and whether
-    # each base pointer is 16-byte aligned (M == 1 and M % 16 == 0 are JIT specialisations too).
-    rows = M if M <= 64 else launch.next_power_of_2(M)
-    key = (a.dtype, rows, M == 1, M % 16 == 0, N, K, sam, sak, sbk, sbn,
-           a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, persistent)  # fmt: skip
+    key = _key(a, b, M, N, K, persistent)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _plan(key, a, b, c, M, N, K, persistent)
     _launch(plan, a, b, c, M, N, K)
     return c
+
+
+def _key(a, b, M: int, N: int, K: int, persistent: bool | None) -> tuple:
+    # Everything the compiled kernel was specialised on: rows bucket, sizes, strides, and whether
+    # each base pointer is 16-byte aligned (M == 1 and M % 16 == 0 are JIT specialisations too).
+    rows = M if M <= 64 else launch.next_power_of_2(M)
+    return (a.dtype, rows, M == 1, M % 16 == 0, N, K, *a.stride(), *b.stride(),
+            a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, persistent)  # fmt: skip
 
 
 def _plan(key: tuple, a, b, c, M: int, N: int, K: int, persistent: bool | None) -> _Plan:
@@ -402,7 +410,7 @@ def _plan(key: tuple, a, b, c, M: int, N: int, K: int, persistent: bool | None) 
         plans += [_Plan(True, cfg, 1, a_t, b_t) for cfg in configs]
     if not persistent:
         plans += [_Plan(False, cfg, align, False, False) for cfg in configs]
-    plan = _tune(plans, a, b, c, M, N, K)
+    plan, TIMINGS[key] = _tune(plans, a, b, c, M, N, K)
     if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
         _PLANS[key] = plan  # a choice made untimed inside a capture is not kept
     return plan
@@ -424,11 +432,10 @@ def describe(a: torch.Tensor, b: torch.Tensor, *, persistent: bool | None = None
     """The configuration ``matmul(a, b, persistent=persistent)`` runs, e.g. 'TMA 128x256x64 w8 s3'
     (tuning it first if this case is new)."""
     matmul(a, b, persistent=persistent)
-    M, K = a.shape
-    rows = M if M <= 64 else launch.next_power_of_2(M)
-    key = (a.dtype, rows, M == 1, M % 16 == 0, b.shape[1], K, *a.stride(), *b.stride(),
-           a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, persistent)  # fmt: skip
-    p = _PLANS[key]
+    return _plan_name(_PLANS[_key(a, b, a.shape[0], b.shape[1], a.shape[1], persistent)])
+
+
+def _plan_name(p: _Plan) -> str:
     bm, bn, bk, stages, warps = p.cfg
     kind = "TMA" if p.tma else f"plain (ALIGN {p.align})"
     return f"{kind} {bm}x{bn}x{bk} w{warps} s{stages}"
