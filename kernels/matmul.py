@@ -32,6 +32,7 @@ import triton.language as tl
 from kernels import _validate, bench, device, launch, roofline
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+_DTYPES = frozenset(SUPPORTED_DTYPES)
 ALIGN = 8  # elements of a 16-bit dtype in 16 bytes: one vector load, and TMA's unit of alignment
 GROUP_M = 8
 
@@ -208,6 +209,7 @@ class _Plan(NamedTuple):
     align: int  # ALIGN of the plain kernel
     a_t: bool  # TMA: describe A by its transpose (A's first dimension has unit stride)
     b_t: bool
+    sms: int = 0  # TMA: programs of the persistent grid, one per SM
     compiled: object = None  # the compiled kernel, launched directly once chosen
 
 
@@ -244,36 +246,55 @@ def _plain_align(N: int, K: int, strides: tuple[int, ...]) -> int:
     return ALIGN if ok else 1
 
 
-def _descriptor(t: torch.Tensor, transposed: bool, block: tuple[int, int]):
-    from triton.tools.tensor_descriptor import TensorDescriptor
+class _HostDescriptor(NamedTuple):
+    # What Triton's launcher reads from a TensorDescriptor to encode the TMA descriptor (the base
+    # pointer, shape, strides, padding) without its constructor's checks, which the launcher has
+    # made already and which cost more host time than the rest of the launch.
+    base: torch.Tensor
+    shape: tuple[int, int]
+    strides: tuple[int, int]
+    padding: str = "zero"
 
+
+def _descriptor(t: torch.Tensor, transposed: bool, block: tuple[int, int], direct: bool):
     if transposed:
         t = t.t()
-    return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], list(block))
+    shape, strides = (t.shape[0], t.shape[1]), (t.stride(0), 1)
+    if direct:
+        return _HostDescriptor(t, shape, strides)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(shape), list(strides), list(block))
+
+
+_current_stream = None
 
 
 def _launch(plan: _Plan, a, b, c, M: int, N: int, K: int, *, warmup: bool = False):
     """Launch ``plan`` (or with ``warmup``, only compile it and return the compiled kernel)."""
+    global _current_stream
     bm, bn, bk, stages, warps = plan.cfg
+    compiled = None if warmup else plan.compiled
+    direct = compiled is not None
+    tiles = -(-M // bm) * -(-N // bn)
     if plan.tma:
-        sms = launch.sm_count()
-        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-        grid = (min(sms, tiles), 1, 1)
-        a_desc = _descriptor(a, plan.a_t, (bk, bm) if plan.a_t else (bm, bk))
-        b_desc = _descriptor(b, plan.b_t, (bn, bk) if plan.b_t else (bk, bn))
-        c_desc = _descriptor(c, False, (bm, bn))
+        grid = (min(plan.sms, tiles), 1, 1)
+        a_desc = _descriptor(a, plan.a_t, (bk, bm) if plan.a_t else (bm, bk), direct)
+        b_desc = _descriptor(b, plan.b_t, (bn, bk) if plan.b_t else (bk, bn), direct)
+        c_desc = _descriptor(c, False, (bm, bn), direct)
         kernel = _matmul_tma_persistent_kernel
-        args = (a_desc, b_desc, c_desc, M, N, K, bm, bn, bk, GROUP_M, sms, plan.a_t, plan.b_t)
+        args = (a_desc, b_desc, c_desc, M, N, K, bm, bn, bk, GROUP_M, plan.sms, plan.a_t, plan.b_t)
     else:
-        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), 1, 1)
+        grid = (tiles, 1, 1)
         kernel = _matmul_kernel
-        strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
-        args = (a, b, c, M, N, K, *strides, bm, bn, bk, GROUP_M, plan.align)
-    compiled = plan.compiled
-    if compiled is not None and not warmup:
-        # The direct launch (what kernel[grid](...) does after its argument binding, which costs
-        # microseconds per call): the plan's key pins every property the JIT specialised on.
-        stream = triton.runtime.driver.active.get_current_stream(c.device.index)
+        args = (a, b, c, M, N, K, *a.stride(), *b.stride(), N, 1, bm, bn, bk, GROUP_M, plan.align)
+    if direct:
+        # The direct launch: what kernel[grid](...) does after binding its arguments, which costs
+        # more host time than the launch itself. The plan's key pins every property the JIT
+        # specialised the compiled kernel on.
+        if _current_stream is None:
+            _current_stream = triton.runtime.driver.active.get_current_stream
+        stream = _current_stream(c.get_device())
         compiled.run(
             *grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args
         )
@@ -304,7 +325,14 @@ def _tune(plans: list[_Plan], a, b, c, M: int, N: int, K: int) -> tuple[_Plan, l
         )
         for p in ok
     ]
-    return ok[times.index(min(times))], list(zip(ok, times))
+    best = min(range(len(ok)), key=times.__getitem__)
+    plain = [i for i, p in enumerate(ok) if not p.tma]
+    if ok[best].tma and plain:
+        # A TMA launch also encodes three descriptors on the host: it has to win by a margin.
+        fastest_plain = min(plain, key=times.__getitem__)
+        if times[fastest_plain] <= 1.03 * times[best]:
+            best = fastest_plain
+    return ok[best], list(zip(ok, times))
 
 
 def _compile_all(plans: list[_Plan], a, b, c, M: int, N: int, K: int) -> list:
@@ -338,6 +366,24 @@ def _compile_all(plans: list[_Plan], a, b, c, M: int, N: int, K: int) -> list:
 
 
 def _check(a, b):
+    # One cheap test for the common case; the precise complaint only when it fails.
+    try:
+        ok = (
+            a.dtype in _DTYPES
+            and b.dtype is a.dtype
+            and a.ndim == 2
+            and b.ndim == 2
+            and a.shape[1] == b.shape[0]
+            and (a.is_cuda and b.is_cuda if device.GPU_MODE else a.is_cpu and b.is_cpu)
+            and a.get_device() == b.get_device()
+        )
+    except AttributeError:
+        ok = False
+    if not ok:
+        _complain(a, b)
+
+
+def _complain(a, b):
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -345,7 +391,7 @@ def _check(a, b):
             raise TypeError(f"{name} must have dtype in (float16, bfloat16), got {t.dtype}")
         if t.ndim != 2:
             raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
-        if t.device.type != device.DEVICE.type:
+        if not (t.is_cuda if device.GPU_MODE else t.is_cpu):
             raise ValueError(f"{name} must be on {device.DEVICE.type}, got {t.device}")
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"a and b do not chain: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
@@ -368,7 +414,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, persistent: bool | None = None) 
     _check(a, b)
     M, K = a.shape
     N = b.shape[1]
-    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    c = a.new_empty(M, N)
     if M == 0 or N == 0:
         return c
     if K == 0:
@@ -407,7 +453,7 @@ def _plan(key: tuple, a, b, c, M: int, N: int, K: int, persistent: bool | None) 
     align = _plain_align(N, K, (sam, sak, sbk, sbn))
     plans = []
     if tma_ok and persistent is not False:
-        plans += [_Plan(True, cfg, 1, a_t, b_t) for cfg in configs]
+        plans += [_Plan(True, cfg, 1, a_t, b_t, launch.sm_count()) for cfg in configs]
     if not persistent:
         plans += [_Plan(False, cfg, align, False, False) for cfg in configs]
     plan, TIMINGS[key] = _tune(plans, a, b, c, M, N, K)

@@ -140,6 +140,37 @@ def graph_check():
         assert err < 8e-3
 
 
+EXTRA = [(128, 256, 64, 4, 8), (256, 128, 64, 4, 8), (128, 256, 32, 5, 8), (256, 128, 32, 5, 8),
+         (128, 128, 64, 5, 8), (256, 64, 64, 4, 8)]  # fmt: skip
+
+
+def diagnose(rows):
+    """Why 4000x3000x5000 runs below 4096^3 on both kernels: more tiles to choose from, and the
+    same sizes with rows padded to 128-byte multiples (5056 and 3072 elements)."""
+    m, n, k = 4000, 3000, 5000
+    flops = 2 * m * n * k
+    configs = matmul._configs
+    matmul._configs = lambda rows: configs(rows) + [matmul._Config(*e) for e in EXTRA]
+    try:
+        time_case("4000x3000x5000 +tiles", m, n, k, False, rows)
+    finally:
+        matmul._configs = configs
+    a = torch.randn(m, 5056, device="cuda", dtype=torch.bfloat16)[:, :k]
+    b = torch.randn(k, 3072, device="cuda", dtype=torch.bfloat16)[:, :n]
+    r = {
+        "case": "4000x3000x5000 rows padded",
+        "torch": bench.measure(lambda: a @ b, flops=flops).tflops,
+    }
+    for label, p in (("plain", False), ("tma", True)):
+        out = matmul.matmul(a, b, persistent=p)
+        assert rel_err(out, a, b) < 8e-3
+        r[label] = bench.measure(lambda p=p: matmul.matmul(a, b, persistent=p), flops=flops).tflops
+        r[f"{label}_cfg"] = matmul.describe(a, b, persistent=p)
+    print(f"[{elapsed():5.0f}s] padded rows: {r}", flush=True)
+    rows.append(r)
+    time_case("4096x3072x5120", 4096, 3072, 5120, False, rows)
+
+
 def before(path, rows):
     spec = importlib.util.spec_from_file_location("matmul_before", path)
     old = importlib.util.module_from_spec(spec)
@@ -170,6 +201,7 @@ def main():
     ap.add_argument("--budget-s", type=float, default=240)
     ap.add_argument("--deadline-s", type=float, default=290, help="the GPU tests stop before this")
     ap.add_argument("--tests", action="store_true")
+    ap.add_argument("--diagnose", action="store_true")
     ap.add_argument("--before")
     ap.add_argument("--only", default="")
     args = ap.parse_args()
@@ -195,6 +227,8 @@ def main():
     try:
         host_overhead(out)
         graph_check()
+        if args.diagnose:
+            diagnose(rows)
         for c in cases:
             if elapsed() > args.budget_s:
                 print(f"budget reached: skipped {c[0]}")
