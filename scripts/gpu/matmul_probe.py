@@ -227,8 +227,6 @@ def main():
     try:
         host_overhead(out)
         graph_check()
-        if args.diagnose:
-            diagnose(rows)
         for c in cases:
             if elapsed() > args.budget_s:
                 print(f"budget reached: skipped {c[0]}")
@@ -239,7 +237,7 @@ def main():
             with open(os.path.join(os.environ["OUT"], "matmul_probe.json"), "w") as f:
                 json.dump(out, f, indent=1)
     if args.tests:
-        left = max(30, args.deadline_s - 15 - elapsed())
+        left = max(20, args.deadline_s - 30 - elapsed())
         cmd = [
             sys.executable,
             "-m",
@@ -257,6 +255,8 @@ def main():
             print(r.stdout[-2500:], r.stderr[-1500:])
         except subprocess.TimeoutExpired:
             print(f"gpu tests: timed out after {left:.0f}s")
+    if args.diagnose and elapsed() < args.deadline_s - 25:
+        diagnose(rows)
     if args.before and elapsed() < args.deadline_s - 60:
         before(args.before, rows)
     print(f"\n{out['gpu']}, bf16, TFLOP/s (x torch.matmul), do_bench medians with L2 flush")
