@@ -246,25 +246,12 @@ def _plain_align(N: int, K: int, strides: tuple[int, ...]) -> int:
     return ALIGN if ok else 1
 
 
-class _HostDescriptor(NamedTuple):
-    # What Triton's launcher reads from a TensorDescriptor to encode the TMA descriptor (the base
-    # pointer, shape, strides, padding) without its constructor's checks, which the launcher has
-    # made already and which cost more host time than the rest of the launch.
-    base: torch.Tensor
-    shape: tuple[int, int]
-    strides: tuple[int, int]
-    padding: str = "zero"
-
-
-def _descriptor(t: torch.Tensor, transposed: bool, block: tuple[int, int], direct: bool):
-    if transposed:
-        t = t.t()
-    shape, strides = (t.shape[0], t.shape[1]), (t.stride(0), 1)
-    if direct:
-        return _HostDescriptor(t, shape, strides)
+def _descriptor(t: torch.Tensor, transposed: bool, block: tuple[int, int]):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return TensorDescriptor(t, list(shape), list(strides), list(block))
+    if transposed:
+        t = t.t()
+    return TensorDescriptor(t, [t.shape[0], t.shape[1]], [t.stride(0), 1], list(block))
 
 
 _current_stream = None
@@ -275,20 +262,19 @@ def _launch(plan: _Plan, a, b, c, M: int, N: int, K: int, *, warmup: bool = Fals
     global _current_stream
     bm, bn, bk, stages, warps = plan.cfg
     compiled = None if warmup else plan.compiled
-    direct = compiled is not None
     tiles = -(-M // bm) * -(-N // bn)
     if plan.tma:
         grid = (min(plan.sms, tiles), 1, 1)
-        a_desc = _descriptor(a, plan.a_t, (bk, bm) if plan.a_t else (bm, bk), direct)
-        b_desc = _descriptor(b, plan.b_t, (bn, bk) if plan.b_t else (bk, bn), direct)
-        c_desc = _descriptor(c, False, (bm, bn), direct)
+        a_desc = _descriptor(a, plan.a_t, (bk, bm) if plan.a_t else (bm, bk))
+        b_desc = _descriptor(b, plan.b_t, (bn, bk) if plan.b_t else (bk, bn))
+        c_desc = _descriptor(c, False, (bm, bn))
         kernel = _matmul_tma_persistent_kernel
         args = (a_desc, b_desc, c_desc, M, N, K, bm, bn, bk, GROUP_M, plan.sms, plan.a_t, plan.b_t)
     else:
         grid = (tiles, 1, 1)
         kernel = _matmul_kernel
         args = (a, b, c, M, N, K, *a.stride(), *b.stride(), N, 1, bm, bn, bk, GROUP_M, plan.align)
-    if direct:
+    if compiled is not None:
         # The direct launch: what kernel[grid](...) does after binding its arguments, which costs
         # more host time than the launch itself. The plan's key pins every property the JIT
         # specialised the compiled kernel on.
