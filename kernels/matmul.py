@@ -416,7 +416,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, persistent: bool | None = None) 
 def _key(a, b, M: int, N: int, K: int, persistent: bool | None) -> tuple:
     # Everything the compiled kernel was specialised on: rows bucket, sizes, strides, and whether
     # each base pointer is 16-byte aligned (M == 1 and M % 16 == 0 are JIT specialisations too).
-    rows = M if M <= 64 else launch.next_power_of_2(M)
+    # Rows are bucketed (1, 2-16, 17-32, 33-64, then powers of two) so that a decode batch or a
+    # prompt of a new length reuses a tuned choice instead of timing the candidates again.
+    rows = M if M == 1 else max(16, launch.next_power_of_2(M))
     return (a.dtype, rows, M == 1, M % 16 == 0, N, K, *a.stride(), *b.stride(),
             a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, persistent)  # fmt: skip
 
@@ -435,7 +437,7 @@ def _plan(key: tuple, a, b, c, M: int, N: int, K: int, persistent: bool | None) 
             "16-byte-aligned base, a unit stride and 16-byte-aligned rows; persistent=None falls "
             "back to the plain kernel"
         )
-    configs = _configs(M)
+    configs = _configs(key[1])
     align = _plain_align(N, K, (sam, sak, sbk, sbn))
     plans = []
     if tma_ok and persistent is not False:

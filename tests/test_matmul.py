@@ -81,6 +81,16 @@ def test_matmul_offset_view_with_misaligned_base(dtype, mkn):
     _check(a, _randn(k, n, dtype=dtype))
 
 
+def test_rows_of_one_bucket_share_a_plan():
+    b = _randn(40, 24, dtype=torch.float16)
+    _check(_randn(5, 40, dtype=torch.float16), b)
+    n = len(matmul._PLANS)
+    _check(_randn(9, 40, dtype=torch.float16), b)  # 2-16 rows: one bucket, no new tuning
+    assert len(matmul._PLANS) == n
+    _check(_randn(17, 40, dtype=torch.float16), b)  # 17-32 rows: the next one
+    assert len(matmul._PLANS) == n + 1
+
+
 def test_matmul_degenerate_shapes():
     a = torch.randn(3, 0, device=device.DEVICE, dtype=torch.float16)
     b = torch.randn(0, 4, device=device.DEVICE, dtype=torch.float16)
