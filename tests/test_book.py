@@ -260,6 +260,24 @@ def test_config_mathjax_is_local():
     assert "_vendor/static/mathjax" in script and path == "mathjax/tex-chtml.js"
 
 
+def test_config_navigation():
+    """One search box, a favicon and logo, the book's CSS, numbered figures (issue 15, item 4)."""
+    sphinx = CONFIG["sphinx"]["config"]
+    assert sphinx.get("numfig") is True, "numfig makes {numref} to figures work"
+    for path in (CONFIG.get("logo"), CONFIG["html"].get("favicon")):
+        assert path and (ROOT / path).is_file(), path
+    static = sphinx.get("html_static_path", [])
+    css = sphinx.get("html_css_files", [])
+    assert css and all(any((ROOT / d / c).is_file() for d in static) for c in css), css
+    sidebars = [t for ts in (sphinx.get("html_sidebars") or {}).values() for t in ts]
+    assert sidebars and not any("search" in t for t in sidebars), (
+        "the sidebar's search field doubles the header's search button"
+    )
+    # jupyter-book adds every .js under every static path as a script when a _static folder
+    # exists; the vendored MathJax would then load twice.
+    assert not (ROOT / "_static").exists(), "keep site assets in assets/, not _static/"
+
+
 def test_config_keeps_tooling_out_of_the_build():
     assert CONFIG.get("only_build_toc_files") is True
     excluded = set(CONFIG.get("exclude_patterns") or [])
