@@ -468,6 +468,42 @@ def test_part_captions_differ_from_page_titles():
     assert not (problems := check_captions(parts)), problems
 
 
+_PAGE_NUMBER = re.compile(r"^(?P<act>\d+(?:\.5)?|S)\.(?P<k>\d+) \S")
+_LAB_TITLE = re.compile(r"^Lab \w+ · \S")
+
+
+def check_page_numbers(parts: list[tuple[str, list[tuple[str, str | None]]]]) -> list[str]:
+    """Prose pages are titled `N.k Title`, k = 1, 2, ... in reading order within their act's part
+    (`1.5.k` for Act 1.5, `S.k` for a side quest); labs are titled `Lab Nx · Title`."""
+    problems = []
+    for caption, pages in parts:
+        prose = [(n, t) for n, t in pages if n.startswith("acts/")]
+        for name, title in pages:
+            if name.startswith("notebooks/") and not _LAB_TITLE.match(title or ""):
+                problems.append(f"{name}: title {title!r} is not 'Lab Nx · Title'")
+        numbers = [(_PAGE_NUMBER.match(t or ""), n, t) for n, t in prose]
+        for m, name, title in numbers:
+            if not m:
+                problems.append(f"{name}: title {title!r} is not numbered 'N.k Title'")
+        found = [m for m, _, _ in numbers if m]
+        if found and len(found) == len(numbers):
+            acts = {m["act"] for m in found}
+            ks = [int(m["k"]) for m in found]
+            if len(acts) > 1 or ks != list(range(1, len(ks) + 1)):
+                got = [f"{m['act']}.{m['k']}" for m in found]
+                problems.append(f"{caption}: pages numbered {got}, want one act numbered 1, 2, ...")
+    return problems
+
+
+def test_pages_are_numbered():
+    parts = [
+        (caption, [(f, page_title(p)) for f in files if (p := resolve(f))])
+        for caption, files in toc_parts(TOC)
+        if any(f.startswith("acts/") for f in files)
+    ]
+    assert not (problems := check_page_numbers(parts)), "\n".join(problems)
+
+
 # --- notebook pages: title first, plumbing folded, figures numbered -------------------------------
 
 
@@ -689,3 +725,27 @@ def test_rules_catch_long_pages_and_repeated_captions():
         ],
     }
     assert toc_parts(toc) == [("Act 9 · X", ["acts/a", "notebooks/n", "acts/b"])]
+
+
+def test_rules_catch_unnumbered_pages():
+    good = [
+        (
+            "Act 4 · Custom kernels",
+            [
+                ("acts/a", "4.1 The matmul ladder"),
+                ("notebooks/04a-x", "Lab 4a · The SGEMM ladder"),
+                ("acts/b", "4.2 Fused kernels"),
+            ],
+        ),
+        ("Act 1.5 · The moving target", [("acts/c", "1.5.1 Generations")]),
+        ("Side quest · Compiled trees", [("acts/d", "S.1 Trees")]),
+    ]
+    assert check_page_numbers(good) == []
+    bad = [
+        ("Act 4 · X", [("acts/a", "Act 4 — The matmul ladder"), ("notebooks/n", "Act 4 lab: x")]),
+        ("Act 5 · Y", [("acts/b", "5.1 One"), ("acts/c", "5.3 Three")]),
+        ("Act 6 · Z", [("acts/d", "6.1 One"), ("acts/e", "7.2 Two")]),
+    ]
+    problems = check_page_numbers(bad)
+    assert len(problems) == 4, problems
+    assert any("not numbered" in p for p in problems) and any("Lab Nx" in p for p in problems)
