@@ -8,8 +8,11 @@ reading list and forgotten here makes a test fail.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
+import sys
 import unicodedata
 from collections import Counter
 from pathlib import Path
@@ -21,7 +24,8 @@ from pybtex.database import parse_file
 ROOT = Path(__file__).resolve().parents[1]
 BIB = ROOT / "references.bib"
 BIBLIOGRAPHY_PAGE = ROOT / "bibliography.md"
-SEEDS = ROOT.parent / "shared" / "seeds"
+# GPU_BRRR_SEEDS points elsewhere (a git worktree, for instance, does not sit beside shared/).
+SEEDS = Path(os.environ.get("GPU_BRRR_SEEDS", ROOT.parent / "shared" / "seeds"))
 
 GROUPS = (
     "act1",
@@ -179,14 +183,34 @@ def test_entry_types_supported(bib):
     assert not bad, f"entry types the plain style does not render: {bad}"
 
 
+# An entry the reading lists name without an author says so in its note; it then needs no author.
+NO_AUTHOR_NOTE = "without an author"
+VENUE_FIELDS = ("howpublished", "journal", "booktitle", "publisher", "school", "institution")
+
+
+def identification_problems(key: str, entry) -> list[str]:
+    """An entry links to the resource itself, or identifies it by author, year and venue."""
+    f = entry.fields
+    if "url" in f:
+        return []
+    problems = []
+    has_author = "author" in entry.persons or "editor" in entry.persons or "organization" in f
+    if not has_author and NO_AUTHOR_NOTE not in f.get("note", ""):
+        problems.append(f"{key}: no url, so it needs an author")
+    if "year" not in f:
+        problems.append(f"{key}: no url, so it needs a year")
+    if not any(v in f for v in VENUE_FIELDS):
+        problems.append(f"{key}: no url, so it needs a venue ({', '.join(VENUE_FIELDS)})")
+    return problems
+
+
 def test_required_fields(bib):
     problems = []
     for key, e in bib.entries.items():
         f = e.fields
         if "title" not in f:
             problems.append(f"{key}: no title")
-        if "url" not in f:
-            problems.append(f"{key}: no url")
+        problems += identification_problems(key, e)
         if "year" not in f and "note" not in f:
             problems.append(f"{key}: neither year nor note")
         if "author" not in e.persons and "organization" not in f and "howpublished" not in f:
@@ -202,10 +226,106 @@ def test_required_fields(bib):
     assert not problems, "\n".join(problems)
 
 
+def test_identification_rule_can_fail():
+    from pybtex.database import Entry, Person
+
+    bare = Entry("misc", fields={"title": "T"})
+    assert len(identification_problems("k", bare)) == 3
+    linked = Entry("misc", fields={"title": "T", "url": "https://example.org/t"})
+    assert identification_problems("k", linked) == []
+    named = Entry("misc", fields={"title": "T", "year": "2025", "howpublished": "Talk"})
+    named.persons["author"] = [Person("Ada Lovelace")]
+    assert identification_problems("k", named) == []
+    anonymous = Entry("misc", fields={"title": "T", "year": "2025", "howpublished": "Blog post"})
+    assert identification_problems("k", anonymous) == ["k: no url, so it needs an author"]
+    anonymous.fields["note"] = f"The learning list names it {NO_AUTHOR_NOTE} or a link"
+    assert identification_problems("k", anonymous) == []
+
+
+# A link to a search (or a search-like listing) is never the resource itself.
+SEARCH_URL_PATTERNS = [
+    r"[?&](q|query|search_query|keywords|searchtype)=",
+    r"/search[/?]|/search$|/results[/?]",
+    r"youtube\.com/results",
+    r"google\.[a-z.]+/search",
+    r"(x|twitter)\.com/search",
+    r"linkedin\.com/search",
+    r"arxiv\.org/(search|a/)",
+    r"scholar\.google\.",
+    r"(bing|duckduckgo)\.com/",
+]
+SEARCH_URL = re.compile("|".join(SEARCH_URL_PATTERNS), re.IGNORECASE)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://www.youtube.com/results?search_query=Give+Me+30+min",
+        "https://www.google.com/search?q=%22Flash+Attention%22",
+        "https://x.com/search?q=%22Ali%20Taha%22&f=user",
+        "https://www.linkedin.com/search/results/content/?keywords=CuTeDSL",
+        "https://arxiv.org/search/?query=Transport+Muon&searchtype=all",
+        "https://scholar.google.com/scholar?q=flashattention",
+    ],
+)
+def test_search_url_pattern_catches(url):
+    assert SEARCH_URL.search(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://www.youtube.com/watch?v=xewKxorikwE",
+        "https://x.com/waterloo_intern/status/2070643039668974060",
+        "https://arxiv.org/abs/2205.14135",
+        "https://huggingface.co/spaces/nanotron/ultrascale-playbook?section=kernels",
+        "https://github.com/gpu-mode/Triton-Puzzles",
+    ],
+)
+def test_search_url_pattern_spares_resources(url):
+    assert not SEARCH_URL.search(url)
+
+
+def test_no_entry_links_to_a_search(bib):
+    found = []
+    for key, e in bib.entries.items():
+        for field in ("url", "note", "howpublished"):
+            found += [
+                f"{key}.{field}: {u}"
+                for u in URL_RE.findall(e.fields.get(field, ""))
+                if SEARCH_URL.search(u)
+            ]
+    assert not found, "links to searches, not to the resources:\n" + "\n".join(found)
+
+
+def test_no_unconfirmed_notes(bib):
+    """An entry is either linked to its resource or identified without a link: never "not confirmed"."""
+    bad = [
+        f"{key}.{field}"
+        for key, e in bib.entries.items()
+        for field, value in e.fields.items()
+        if re.search(r"not\s+confirmed|unconfirmed|is a search", value, re.IGNORECASE)
+    ]
+    assert not bad, bad
+
+
+def test_pages_do_not_call_a_link_a_search():
+    pages = [ROOT / "people.md", BIBLIOGRAPHY_PAGE, ROOT / "intro.md", ROOT / "prerequisites.md"]
+    bad = [
+        p.name
+        for p in pages
+        if p.is_file()
+        and re.search(r"is a search|not confirmed", p.read_text(encoding="utf-8"), re.I)
+    ]
+    assert not bad, bad
+
+
 def test_urls_are_well_formed(bib):
     bad = []
     for key, e in bib.entries.items():
-        url = e.fields.get("url", "")
+        if "url" not in e.fields:  # identified by author, year and venue instead
+            continue
+        url = e.fields["url"]
         parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc or re.search(r"\s", url):
             bad.append(f"{key}: {url!r}")
@@ -302,7 +422,8 @@ def page_filters() -> list[str]:
     for block in blocks:
         m = re.search(r':filter:\s*keywords\s*%\s*"\^(.+?)\$"', block)
         assert m, f"bibliography block without an anchored keywords filter:\n{block}"
-        assert ":style: plain" in block
+        # author-year labels, like the in-text citations: no [A1-n] prefixes
+        assert ":style: authoryear" in block and ":labelprefix:" not in block, block
         filters.append(m.group(1))
     return filters
 
@@ -433,3 +554,62 @@ def test_cite_regex():
 def test_every_cited_key_exists(bib):
     missing = {k: sorted(v) for k, v in cited_keys().items() if k not in bib.entries}
     assert not missing, f"cited but not in references.bib: {missing}"
+
+
+# ------------------------------------------------------------ author-year labels
+
+_ext_spec = importlib.util.spec_from_file_location(
+    "authoryear_bib", ROOT / "_ext" / "authoryear_bib.py"
+)
+authoryear_bib = importlib.util.module_from_spec(_ext_spec)
+sys.modules["authoryear_bib"] = authoryear_bib
+_ext_spec.loader.exec_module(authoryear_bib)
+
+
+def test_labels_read_like_the_in_text_citations():
+    from pybtex.database import Entry, Person
+
+    one = Entry("misc", fields={"title": "Worklog", "year": "2022"})
+    one.persons["author"] = [Person("Simon Boehm")]
+    two = Entry("misc", fields={"title": "Paper", "year": "2023"})
+    two.persons["author"] = [
+        Person("Tri Dao"),
+        Person("Dan Fu"),
+        Person("Stefano Ermon"),
+        Person("Atri Rudra"),
+    ]
+    org = Entry("misc", fields={"title": "Datasheet", "year": "2022"})
+    org.persons["author"] = [Person("{NVIDIA}")]
+    assert authoryear_bib.author_year_label(one) == "Boehm, 2022"
+    assert authoryear_bib.author_year_label(two) == "Dao et al., 2023"
+    assert authoryear_bib.author_year_label(org) == "NVIDIA, 2022"
+
+
+def test_shared_author_years_get_letters_once():
+    from pybtex.database import Entry, Person
+
+    entries = {}
+    for key, title in [("b", "Beta"), ("a", "Alpha"), ("c", "Gamma")]:
+        entries[key] = Entry("misc", fields={"title": title, "year": "2025"})
+        entries[key].key = key
+        entries[key].persons["author"] = [Person("{NVIDIA}")]
+    entries["d"] = Entry("misc", fields={"title": "Alone", "year": "2024"})
+    entries["d"].persons["author"] = [Person("{NVIDIA}")]
+    for _ in range(2):  # a second pass over the same data must not add a second letter
+        authoryear_bib.disambiguate_years(entries)
+        assert [entries[k].fields["year"] for k in "abcd"] == ["2025a", "2025b", "2025c", "2024"]
+
+
+def test_built_bibliography_has_author_year_labels():
+    """On the built site (skipped before `make book`): labels like [Boehm, 2022], never [A1-1]."""
+    page = ROOT / "_build" / "html" / "bibliography.html"
+    if not page.is_file():
+        pytest.skip("the site is not built")
+    html = page.read_text(encoding="utf-8")
+    labels = re.findall(r'<span class="label"><span class="fn-bracket">\[</span>(.*?)<span', html)
+    assert labels, "no citation labels found on the bibliography page"
+    prefixed = [label for label in labels if re.fullmatch(r"[A-Z][\d.]*-\d+", label)]
+    assert not prefixed, prefixed[:5]
+    assert all(re.search(r", (\d{4}[a-z]{0,2}|n\.d\.)$", label) for label in labels), [
+        label for label in labels if not re.search(r", \d{4}", label)
+    ][:5]

@@ -260,6 +260,24 @@ def test_config_mathjax_is_local():
     assert "_vendor/static/mathjax" in script and path == "mathjax/tex-chtml.js"
 
 
+def test_config_navigation():
+    """One search box, a favicon and logo, the book's CSS, numbered figures (issue 15, item 4)."""
+    sphinx = CONFIG["sphinx"]["config"]
+    assert sphinx.get("numfig") is True, "numfig makes {numref} to figures work"
+    for path in (CONFIG.get("logo"), CONFIG["html"].get("favicon")):
+        assert path and (ROOT / path).is_file(), path
+    static = sphinx.get("html_static_path", [])
+    css = sphinx.get("html_css_files", [])
+    assert css and all(any((ROOT / d / c).is_file() for d in static) for c in css), css
+    sidebars = [t for ts in (sphinx.get("html_sidebars") or {}).values() for t in ts]
+    assert sidebars and not any("search" in t for t in sidebars), (
+        "the sidebar's search field doubles the header's search button"
+    )
+    # jupyter-book adds every .js under every static path as a script when a _static folder
+    # exists; the vendored MathJax would then load twice.
+    assert not (ROOT / "_static").exists(), "keep site assets in assets/, not _static/"
+
+
 def test_config_keeps_tooling_out_of_the_build():
     assert CONFIG.get("only_build_toc_files") is True
     excluded = set(CONFIG.get("exclude_patterns") or [])
@@ -301,10 +319,245 @@ def check_act(text: str, keys: set[str]) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("path", ACTS, ids=_rel)
-def test_act_page(path):
+def _toc_files(nodes: list) -> list[str]:
+    """The `file:` entries under some toc chapters, sections included, in reading order."""
+    files: list[str] = []
+    for item in nodes:
+        if "file" in item:
+            files.append(item["file"])
+        files += _toc_files(item.get("sections", []))
+    return files
+
+
+def toc_parts(toc: dict) -> list[tuple[str, list[str]]]:
+    """(caption, every file of the part in reading order) for each part of the toc."""
+    return [
+        (part.get("caption", ""), _toc_files(part.get("chapters", [])))
+        for part in toc.get("parts", [])
+    ]
+
+
+def act_parts(toc: dict) -> dict[str, list[Path]]:
+    """Each toc part holding acts/ pages -> those pages (an act is the union of its pages)."""
+    acts = {}
+    for caption, files in toc_parts(toc):
+        pages = [resolve(f) for f in files if f.startswith("acts/")]
+        if pages := [p for p in pages if p is not None and p.suffix == ".md"]:
+            acts[caption] = pages
+    return acts
+
+
+ACT_PARTS = act_parts(TOC)
+
+
+@pytest.mark.parametrize("caption", list(ACT_PARTS))
+def test_act(caption):
+    """The act as a whole (all its pages): a Takeaway, Exercises with folded solutions, citations."""
     keys = bib_keys((ROOT / "references.bib").read_text(encoding="utf-8"))
-    assert not (problems := check_act(path.read_text(encoding="utf-8"), keys)), problems
+    text = "\n\n".join(p.read_text(encoding="utf-8") for p in ACT_PARTS[caption])
+    assert not (problems := check_act(text, keys)), problems
+
+
+def test_every_act_page_is_in_an_act_part():
+    in_parts = {p for pages in ACT_PARTS.values() for p in pages}
+    assert not (lost := [_rel(p) for p in ACTS if p not in in_parts]), lost
+
+
+# --- page length, titles and captions -----------------------------------------------------------
+
+MAX_PAGE_WORDS = 3500
+_CODE_DIRECTIVES = {
+    "code",
+    "code-block",
+    "code-cell",
+    "sourcecode",
+    "literalinclude",
+    "math",
+    "raw",
+}
+_ANY_FENCE = re.compile(r"^\s*(?P<fence>`{3,}|~{3,}|:{3,})\s*(?:\{(?P<name>[\w:.-]+)\})?")
+
+
+def prose_text(text: str) -> str:
+    """A Markdown page without code blocks, math, directive option lines and comments.
+
+    Roles (a glued number, a citation, a cross-reference) stay as one word each.
+    """
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        line, stripped = lines[i], lines[i].strip()
+        fence = _ANY_FENCE.match(line)
+        if fence and (
+            (fence["name"] is None and fence["fence"][0] != ":" and stripped != fence["fence"])
+            or fence["name"] in _CODE_DIRECTIVES
+        ):
+            close = re.compile(rf"^\s*{re.escape(fence['fence'][0])}{{{len(fence['fence'])},}}\s*$")
+            i += 1
+            while i < len(lines) and not close.match(lines[i]):
+                i += 1
+            i += 1
+            continue
+        if stripped.startswith("$$"):
+            if stripped.count("$$") == 1:
+                i += 1
+                while i < len(lines) and "$$" not in lines[i]:
+                    i += 1
+            i += 1
+            continue
+        if fence or re.match(r"^\s*(%|:[\w-]+:|\(.+\)=\s*$)", line):
+            i += 1  # fence lines (the directive's title stays), options, comments, labels
+            if fence and (title := line[fence.end() :].strip()):
+                out.append(title)
+            continue
+        out.append(line)
+        i += 1
+    prose = "\n".join(out)
+    prose = re.sub(r"<!--.*?-->", " ", prose, flags=re.S)
+    prose = re.sub(r"\{[\w:.-]+\}`[^`]*`", " ROLE ", prose)
+    prose = re.sub(r"(?<!\\)\$[^$]+\$", " ", prose)
+    prose = re.sub(r"\]\([^)]*\)", "] ", prose)
+    return prose
+
+
+def prose_words(text: str) -> int:
+    return sum(1 for w in prose_text(text).split() if re.search(r"[^\W_]", w))
+
+
+@pytest.mark.parametrize("path", ACTS, ids=_rel)
+def test_act_page_length(path):
+    words = prose_words(path.read_text(encoding="utf-8"))
+    assert words <= MAX_PAGE_WORDS, (
+        f"{_rel(path)} has {words} prose words (limit {MAX_PAGE_WORDS}): split it along its ## sections"
+    )
+
+
+def page_title(path: Path) -> str | None:
+    """The page's H1: the first `# ` line of a Markdown page or of a notebook's first cell."""
+    if path.suffix == ".ipynb":
+        cells = _load(path).get("cells", [])
+        text = _source(cells[0]) if cells and cells[0].get("cell_type") == "markdown" else ""
+    else:
+        text = path.read_text(encoding="utf-8")
+    m = re.search(r"^# (.+)$", text, flags=re.MULTILINE)
+    return m.group(1).strip() if m else None
+
+
+def _bare_title(title: str) -> str:
+    """A title without its act / page / lab number, lower-case, punctuation as spaces."""
+    title = re.sub(r"^(act|lab)?\s*[\d.]+[a-z]?\b|^side quests?\b", "", title.strip(), flags=re.I)
+    title = re.sub(r"^(act|lab)\s*[\d.]+[a-z]?\b", "", title.strip(" ,:·—–-"), flags=re.I)
+    title = re.sub(r"\bpart\s+\d+\b", "", title, flags=re.I)
+    return " ".join(re.sub(r"[^\w]+", " ", title.lower()).split())
+
+
+def check_captions(parts: list[tuple[str, list[tuple[str, str | None]]]]) -> list[str]:
+    """A part's caption says what the act is about; it does not repeat one of its page titles."""
+    problems = []
+    for caption, pages in parts:
+        for name, title in pages:
+            if title and _bare_title(title) == _bare_title(caption):
+                problems.append(f"caption {caption!r} repeats the title of {name}: {title!r}")
+    return problems
+
+
+def test_part_captions_differ_from_page_titles():
+    parts = [
+        (caption, [(f, page_title(p)) for f in files if (p := resolve(f))])
+        for caption, files in toc_parts(TOC)
+    ]
+    assert not (problems := check_captions(parts)), problems
+
+
+_PAGE_NUMBER = re.compile(r"^(?P<act>\d+(?:\.5)?|S)\.(?P<k>\d+) \S")
+_LAB_TITLE = re.compile(r"^Lab \w+ · \S")
+
+
+def check_page_numbers(parts: list[tuple[str, list[tuple[str, str | None]]]]) -> list[str]:
+    """Prose pages are titled `N.k Title`, k = 1, 2, ... in reading order within their act's part
+    (`1.5.k` for Act 1.5, `S.k` for a side quest); labs are titled `Lab Nx · Title`."""
+    problems = []
+    for caption, pages in parts:
+        prose = [(n, t) for n, t in pages if n.startswith("acts/")]
+        for name, title in pages:
+            if name.startswith("notebooks/") and not _LAB_TITLE.match(title or ""):
+                problems.append(f"{name}: title {title!r} is not 'Lab Nx · Title'")
+        numbers = [(_PAGE_NUMBER.match(t or ""), n, t) for n, t in prose]
+        for m, name, title in numbers:
+            if not m:
+                problems.append(f"{name}: title {title!r} is not numbered 'N.k Title'")
+        found = [m for m, _, _ in numbers if m]
+        if found and len(found) == len(numbers):
+            acts = {m["act"] for m in found}
+            ks = [int(m["k"]) for m in found]
+            if len(acts) > 1 or ks != list(range(1, len(ks) + 1)):
+                got = [f"{m['act']}.{m['k']}" for m in found]
+                problems.append(f"{caption}: pages numbered {got}, want one act numbered 1, 2, ...")
+    return problems
+
+
+def test_pages_are_numbered():
+    parts = [
+        (caption, [(f, page_title(p)) for f in files if (p := resolve(f))])
+        for caption, files in toc_parts(TOC)
+        if any(f.startswith("acts/") for f in files)
+    ]
+    assert not (problems := check_page_numbers(parts)), "\n".join(problems)
+
+
+# --- notebook pages: title first, plumbing folded, figures numbered -------------------------------
+
+
+def check_notebook_opening(nb: dict) -> list[str]:
+    """The page starts with its title; the bootstrap (the first code cell) is folded or hidden."""
+    problems = []
+    cells = nb.get("cells", [])
+    first = cells[0] if cells else {}
+    if first.get("cell_type") != "markdown":
+        problems.append("first cell is not a markdown cell with the page title")
+    elif not re.match(r"# \S", _source(first).lstrip("\n")):
+        problems.append("first cell's first line is not an H1 (# Lab Nx · Title)")
+    code = _code_cells(nb)
+    if code and not {"remove-input", "hide-input"} & set(
+        code[0].get("metadata", {}).get("tags", [])
+    ):
+        problems.append("first code cell (the bootstrap) is not tagged remove-input or hide-input")
+    return problems
+
+
+_HIDDEN_OUTPUT_TAGS = {"remove-output", "remove-cell", "hide-output"}
+
+
+def check_figures(nb: dict) -> list[str]:
+    """Every image a notebook page shows is a numbered MyST figure: mystnb figure caption and name."""
+    problems = []
+    for i, cell in enumerate(_code_cells(nb)):
+        meta = cell.get("metadata", {})
+        if _HIDDEN_OUTPUT_TAGS & set(meta.get("tags", [])):
+            continue
+        shown = [
+            o
+            for o in cell.get("outputs", [])
+            if any(m.startswith("image/") for m in o.get("data", {}))
+        ]
+        if not shown:
+            continue
+        figure = (meta.get("mystnb") or {}).get("figure") or {}
+        missing = [k for k in ("caption", "name") if not str(figure.get(k, "")).strip()]
+        if missing:
+            problems.append(
+                f"code cell {i} shows an image without mystnb figure {' and '.join(missing)}"
+            )
+    return problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
+def test_notebook_page_opens_with_its_title(path):
+    assert not (problems := check_notebook_opening(_load(path))), problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
+def test_notebook_figures_are_numbered(path):
+    assert not (problems := check_figures(_load(path))), problems
 
 
 # --- README and Makefile ----------------------------------------------------------------------
@@ -401,3 +654,98 @@ def test_rules_catch_bad_act_pages():
         "parts": [{"chapters": [{"file": "acts/a", "sections": [{"file": "n"}]}]}],
     }
     assert toc_entries(toc) == [("intro", None), ("acts/a", None), ("n", "acts/a")]
+
+
+def _md(source):
+    return {"cell_type": "markdown", "metadata": {}, "source": source}
+
+
+def test_rules_catch_bad_notebook_openings():
+    boot = dict(_GOOD_FIRST, metadata={"tags": ["remove-input"]})
+    good = _nb(_md("# Lab 4c · Fused softmax\n\nWhat you will measure."), boot, _code(2))
+    assert check_notebook_opening(good) == []
+    assert check_notebook_opening(_nb(boot, _md("# Lab 4c · Title"))) == [
+        "first cell is not a markdown cell with the page title",
+    ]
+    assert check_notebook_opening(_nb(_md("Some text\n# Title"), boot)) == [
+        "first cell's first line is not an H1 (# Lab Nx · Title)"
+    ]
+    assert check_notebook_opening(_nb(_md("## Lab"), boot)) == [
+        "first cell's first line is not an H1 (# Lab Nx · Title)"
+    ]
+    shown = check_notebook_opening(_nb(_md("# Lab"), _GOOD_FIRST))
+    assert shown == ["first code cell (the bootstrap) is not tagged remove-input or hide-input"]
+    folded = dict(_GOOD_FIRST, metadata={"tags": ["hide-input"]})
+    assert check_notebook_opening(_nb(_md("# Lab"), folded)) == []
+
+
+def test_rules_catch_unnumbered_figures():
+    png = {"output_type": "display_data", "data": {"image/png": "iVBOR", "text/plain": "<Figure>"}}
+    text = {"output_type": "stream", "name": "stdout", "text": "no image"}
+    bare = _code(1, outputs=[png])
+    assert check_figures(_nb(bare)) == [
+        "code cell 0 shows an image without mystnb figure caption and name"
+    ]
+    named = dict(bare, metadata={"mystnb": {"figure": {"name": "fig-x"}}})
+    assert check_figures(_nb(named)) == ["code cell 0 shows an image without mystnb figure caption"]
+    good = dict(bare, metadata={"mystnb": {"figure": {"caption": "What to see.", "name": "fig-x"}}})
+    assert check_figures(_nb(good, _code(2, outputs=[text]))) == []
+    hidden = dict(bare, metadata={"tags": ["remove-output"]})
+    assert check_figures(_nb(hidden)) == []
+    svg = {"output_type": "execute_result", "data": {"image/svg+xml": "<svg/>"}}
+    assert check_figures(_nb(_code(1), _code(2, outputs=[svg])))[0].startswith("code cell 1")
+
+
+def test_rules_catch_long_pages_and_repeated_captions():
+    code = "```python\n" + "word " * 5000 + "\n```\n"
+    math = "$$\n" + "x + " * 3000 + "\n$$\n"
+    opts = "```{figure} a.svg\n:alt: " + "alt " * 10 + "\nCaption here.\n```\n"
+    page = "# 4.1 Title\n\n" + code + math + opts + "% comment " + "c " * 50 + "\n\nTwo words.\n"
+    assert prose_words(page) == 3 + 2 + 2  # title, figure caption, the paragraph
+    assert prose_words("A {glue:text}`nb::x:.1f` µs and {cite:p}`k`.") == 5
+    assert prose_words("word " * (MAX_PAGE_WORDS + 1)) > MAX_PAGE_WORDS
+    parts = [("Act 1 · The GPU hierarchy", [("acts/a", "1.1 The GPU hierarchy")])]
+    assert check_captions(parts) == [
+        "caption 'Act 1 · The GPU hierarchy' repeats the title of acts/a: '1.1 The GPU hierarchy'"
+    ]
+    assert check_captions([("Act 4 · Custom kernels", [("acts/b", "4.1 The matmul ladder")])]) == []
+    old = [("Act 1: The GPU hierarchy", [("acts/c", "Act 1 — The GPU hierarchy")])]
+    assert check_captions(old)
+    assert check_captions([("Act 4 · Custom kernels", [("n", "Lab 4c · Custom kernels")])])
+    toc = {
+        "root": "i",
+        "parts": [
+            {
+                "caption": "Act 9 · X",
+                "chapters": [
+                    {"file": "acts/a", "sections": [{"file": "notebooks/n"}]},
+                    {"file": "acts/b"},
+                ],
+            }
+        ],
+    }
+    assert toc_parts(toc) == [("Act 9 · X", ["acts/a", "notebooks/n", "acts/b"])]
+
+
+def test_rules_catch_unnumbered_pages():
+    good = [
+        (
+            "Act 4 · Custom kernels",
+            [
+                ("acts/a", "4.1 The matmul ladder"),
+                ("notebooks/04a-x", "Lab 4a · The SGEMM ladder"),
+                ("acts/b", "4.2 Fused kernels"),
+            ],
+        ),
+        ("Act 1.5 · The moving target", [("acts/c", "1.5.1 Generations")]),
+        ("Side quest · Compiled trees", [("acts/d", "S.1 Trees")]),
+    ]
+    assert check_page_numbers(good) == []
+    bad = [
+        ("Act 4 · X", [("acts/a", "Act 4 — The matmul ladder"), ("notebooks/n", "Act 4 lab: x")]),
+        ("Act 5 · Y", [("acts/b", "5.1 One"), ("acts/c", "5.3 Three")]),
+        ("Act 6 · Z", [("acts/d", "6.1 One"), ("acts/e", "7.2 Two")]),
+    ]
+    problems = check_page_numbers(bad)
+    assert len(problems) == 4, problems
+    assert any("not numbered" in p for p in problems) and any("Lab Nx" in p for p in problems)

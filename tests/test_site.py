@@ -4,7 +4,10 @@ One pass over every page of `_build/html` (served on 127.0.0.1) records what the
 tests below each judge one aspect of that record, so a failure names the page and what broke:
 JavaScript errors, requests that failed or left the machine, internal links whose file or #fragment
 is missing, images that did not load, math that MathJax did not typeset, notebook figures that are
-not on the page, and notebook pages without their "open in Colab" button.
+not on the page, and notebook pages without their "open in Colab" button. Each page is also laid
+out at a desktop and at a phone width: no page is wider than the viewport, no raster image is
+stretched past its natural width (its text would be blurred and small), a notebook page shows its
+title before any code cell, the favicon resolves and exactly one search box shows.
 
 The site is built by `make book`; when `_build/html` is missing the session builds it. Setting
 GPU_BRRR_SKIP_BROWSER=1 skips these tests (for a machine without Chromium); nothing else does.
@@ -67,9 +70,12 @@ HARMLESS_ERRORS = [
         "pydata-sphinx-theme's first-visit colour-mode fallback",
     ),
 ]
-# Requests the browser makes by itself rather than because a page asked: Chromium probes
-# /favicon.ico on every origin, and the book sets no favicon, so the local server answers 404.
-HARMLESS_PATHS = {"/favicon.ico"}
+# Requests the browser makes by itself rather than because a page asked. None: the book declares a
+# favicon (assets/favicon.svg), so Chromium has no reason to probe /favicon.ico.
+HARMLESS_PATHS: set[str] = set()
+
+# The widths every page is laid out at (CSS pixels): a desktop window and a phone.
+WIDTHS = (1400, 390)
 
 PAGE_TIMEOUT_MS = 30_000
 
@@ -101,6 +107,17 @@ class PageRecord:
     mathjax_src: str | None = None
     colab_links: list[str] = field(default_factory=list)
     mathjax_done: bool = False
+    # per viewport width: how much wider than the viewport the page is (0 = fits), and what sticks out
+    overflow: dict[int, int] = field(default_factory=dict)
+    overflow_culprits: dict[int, list[str]] = field(default_factory=dict)
+    upscaled_images: list[str] = field(
+        default_factory=list
+    )  # raster images shown past natural size
+    code_before_title: bool = False  # a notebook code cell precedes the page's first <h1>
+    has_title: bool = True
+    favicon: str | None = None  # href of <link rel=icon>
+    favicon_status: int | None = None
+    search_boxes: dict[int, list[str]] = field(default_factory=dict)  # visible search widgets
 
 
 def _content_pages(site: Path) -> list[str]:
@@ -198,6 +215,69 @@ async () => {
 """
 
 
+# The page's layout at the current viewport width.
+_LAYOUT_JS = """
+async () => {
+  const vw = window.innerWidth;
+  const sw = document.documentElement.scrollWidth;
+  const visible = e => {
+    const r = e.getBoundingClientRect(), st = getComputedStyle(e);
+    return r.width > 0 && r.height > 0 && st.visibility !== 'hidden' && st.display !== 'none'
+      && e.closest('dialog:not([open])') === null;
+  };
+  const describe = e => {
+    const cls = (e.getAttribute('class') || '').trim().split(/\\s+/).slice(0, 2).join('.');
+    const text = (e.textContent || '').trim().slice(0, 40);
+    return `<${e.tagName.toLowerCase()}${cls ? '.' + cls : ''}> ${Math.round(e.getBoundingClientRect().right)}px "${text}"`;
+  };
+  let culprits = [];
+  if (sw > vw + 1) {
+    // What sticks out and is neither in a box that scrolls or clips within the viewport nor in a
+    // fixed drawer (the theme parks its closed sidebars beside the viewport).
+    const contained = e => {
+      for (let a = e; a; a = a.parentElement) {
+        const st = getComputedStyle(a);
+        if (st.position === 'fixed') return true;
+        if (a !== e && st.overflowX !== 'visible' && a.getBoundingClientRect().right <= vw + 1) return true;
+      }
+      return false;
+    };
+    const over = new Set(Array.from(document.body.querySelectorAll('*'))
+      .filter(e => e.getBoundingClientRect().right > vw + 1 && !contained(e)));
+    culprits = Array.from(over).filter(e => !Array.from(e.children).some(c => over.has(c)))
+      .slice(0, 3).map(describe);
+  }
+  const raster = i => !/(\\.svg([?#].*)?$)|^data:image\\/svg/i.test(i.currentSrc || i.src);
+  const upscaled = Array.from(document.images)
+    .filter(i => i.naturalWidth > 0 && raster(i) && visible(i)
+      && i.getBoundingClientRect().width > i.naturalWidth + 1)
+    .map(i => `${i.getAttribute('src').slice(0, 80)}: shown ${Math.round(i.getBoundingClientRect().width)}px, natural ${i.naturalWidth}px`);
+  const sel = 'input[type="search"], button.search-button, .search-button-field, form.bd-search';
+  const found = Array.from(document.querySelectorAll(sel)).filter(visible);
+  const search = found.filter(e => !found.some(o => o !== e && o.contains(e))).map(describe);
+  return {scrollWidth: sw, innerWidth: vw, culprits, upscaled, search};
+}
+"""
+
+# Facts that do not depend on the width: the order of title and code cells, the favicon.
+_PAGE_FACTS_JS = """
+async () => {
+  // The article, not <main>: jupyter-book puts a print-only copy of the title above it.
+  const main = document.querySelector('article') || document.querySelector('main') || document.body;
+  const h1 = main.querySelector('h1');
+  const cell = main.querySelector('div.cell');
+  const codeBeforeTitle = !!cell && (!h1 ||
+    !!(cell.compareDocumentPosition(h1) & Node.DOCUMENT_POSITION_FOLLOWING));
+  const icon = document.querySelector('link[rel~="icon"]');
+  let status = null;
+  if (icon) {
+    try { status = (await fetch(icon.href, {cache: 'no-store'})).status; } catch (e) { status = -1; }
+  }
+  return {codeBeforeTitle, hasTitle: !!h1, favicon: icon ? icon.href : null, faviconStatus: status};
+}
+"""
+
+
 def visit(site: Path, base: str, pages: list[str]) -> dict[str, PageRecord]:
     """Open each page of `site` (served at `base`) in Chromium and record what happened."""
     from playwright.sync_api import sync_playwright
@@ -212,7 +292,9 @@ def visit(site: Path, base: str, pages: list[str]) -> dict[str, PageRecord]:
     out: dict[str, PageRecord] = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(service_workers="block")
+        context = browser.new_context(
+            service_workers="block", viewport={"width": WIDTHS[0], "height": 900}
+        )
         current: list[PageRecord] = []
 
         # The site must work with no network: a request to any other host is recorded against the
@@ -253,7 +335,22 @@ def visit(site: Path, base: str, pages: list[str]) -> dict[str, PageRecord]:
             page.on("response", on_response)
             page.goto(rec.url, wait_until="load", timeout=PAGE_TIMEOUT_MS)
             info = page.evaluate(_INSPECT_JS)
+            facts = page.evaluate(_PAGE_FACTS_JS)
+            for width in WIDTHS:
+                if width != WIDTHS[0]:
+                    page.set_viewport_size({"width": width, "height": 844})
+                    page.wait_for_timeout(100)  # let the theme's resize handlers run
+                layout = page.evaluate(_LAYOUT_JS)
+                rec.overflow[width] = max(0, layout["scrollWidth"] - layout["innerWidth"])
+                rec.overflow_culprits[width] = layout["culprits"]
+                rec.search_boxes[width] = layout["search"]
+                if width == WIDTHS[0]:
+                    rec.upscaled_images = layout["upscaled"]
             page.close()
+            rec.code_before_title = facts["codeBeforeTitle"]
+            rec.has_title = facts["hasTitle"]
+            rec.favicon = facts["favicon"]
+            rec.favicon_status = facts["faviconStatus"]
             rec.mathjax_done = info["mathjaxDone"]
             rec.links = info["links"]
             rec.ids = set(info["ids"])
@@ -418,6 +515,56 @@ def check_notebook_figures(records: dict[str, PageRecord], src_root: Path) -> Pr
     return problems
 
 
+def check_overflow(records: dict[str, PageRecord]) -> Problems:
+    """No page is wider than the viewport (1 px of rounding allowed) at any of WIDTHS."""
+    problems: Problems = {}
+    for rec in records.values():
+        for width, extra in rec.overflow.items():
+            if extra > 1:
+                culprits = "; ".join(rec.overflow_culprits.get(width, []))
+                problems.setdefault(rec.rel, []).append(
+                    f"{extra}px wider than a {width}px viewport (sticking out: {culprits})"
+                )
+    return problems
+
+
+def check_legible_images(records: dict[str, PageRecord]) -> Problems:
+    """A raster figure is never shown wider than it was drawn: its text would be blurred and small."""
+    return {r.rel: r.upscaled_images for r in records.values() if r.upscaled_images}
+
+
+def check_title_first(records: dict[str, PageRecord], src_root: Path) -> Problems:
+    """A notebook page opens with its title: no code cell (input or output) before the first <h1>."""
+    problems: Problems = {}
+    for rec in records.values():
+        if not (src_root / rec.rel.replace(".html", ".ipynb")).is_file():
+            continue
+        if not rec.has_title:
+            problems[rec.rel] = ["the page has no <h1> title"]
+        elif rec.code_before_title:
+            problems[rec.rel] = ["a code cell comes before the page's title"]
+    return problems
+
+
+def check_favicon(records: dict[str, PageRecord]) -> Problems:
+    return {
+        r.rel: [f"favicon {r.favicon!r} answered {r.favicon_status}" if r.favicon else "no favicon"]
+        for r in records.values()
+        if not r.favicon or r.favicon_status != 200
+    }
+
+
+def check_one_search_box(records: dict[str, PageRecord]) -> Problems:
+    problems: Problems = {}
+    for rec in records.values():
+        for width, boxes in rec.search_boxes.items():
+            if len(boxes) != 1:
+                problems.setdefault(rec.rel, []).append(
+                    f"{len(boxes)} search boxes at {width}px: {boxes}"
+                )
+    return problems
+
+
 # --- the tests ---------------------------------------------------------------------------------
 
 
@@ -498,6 +645,31 @@ def test_notebook_figures_are_shown(records):
     assert not problems, "notebook figures missing from the site:\n" + _report(problems)
 
 
+def test_no_horizontal_overflow(records):
+    problems = check_overflow(records)
+    assert not problems, "pages wider than the viewport:\n" + _report(problems)
+
+
+def test_images_are_not_stretched(records):
+    problems = check_legible_images(records)
+    assert not problems, "raster images shown wider than their natural size:\n" + _report(problems)
+
+
+def test_notebook_pages_open_with_their_title(records):
+    problems = check_title_first(records, ROOT)
+    assert not problems, "notebook pages with code before the title:\n" + _report(problems)
+
+
+def test_favicon_resolves(records):
+    problems = check_favicon(records)
+    assert not problems, "favicon missing:\n" + _report(problems)
+
+
+def test_one_search_box(records):
+    problems = check_one_search_box(records)
+    assert not problems, "not exactly one search box:\n" + _report(problems)
+
+
 def test_notebook_pages_open_in_colab(records):
     import yaml
 
@@ -534,6 +706,9 @@ def test_checks_catch_a_broken_site(tmp_path, site):
         <img src="../missing.png"> <img src="data:image/png;base64,{_PNG_1PX}">
         <span class="math notranslate nohighlight">\\(x^2\\)</span>
         <p>$$ y $$</p>
+        <article><div class="cell">code</div><h1>Title after code</h1>
+        <div style="width: 2000px">a table too wide for any window</div>
+        <img style="width: 300px" src="data:image/png;base64,{_PNG_1PX}"></article>
         </body></html>"""
     )
     nb = {"cells": [{"cell_type": "code", "metadata": {}, "source": "", "outputs": [
@@ -554,6 +729,19 @@ def test_checks_catch_a_broken_site(tmp_path, site):
     assert check_notebook_figures(recs, tmp_path) == {
         bad: ["nb.ipynb stores 1 figure output(s); the page shows 0"]
     }
+    overflow = check_overflow(recs)[bad]
+    assert [w for w in WIDTHS if any(f"{w}px viewport" in p for p in overflow)] == list(WIDTHS)
+    assert any("natural 1px" in p for p in check_legible_images(recs)[bad])
+    assert check_title_first(recs, tmp_path) == {bad: ["a code cell comes before the page's title"]}
+    assert check_favicon(recs)[bad] == ["no favicon"]
+    assert any("0 search boxes" in p for p in check_one_search_box(recs)[bad])
     assert set(recs) == {"ok.html", bad} and not any(
-        f(recs).get("ok.html") for f in (check_javascript, check_offline, check_images)
+        f(recs).get("ok.html")
+        for f in (
+            check_javascript,
+            check_offline,
+            check_images,
+            check_overflow,
+            check_legible_images,
+        )
     )

@@ -1,0 +1,96 @@
+"""The book's figure style (kernels/plotstyle.py, issue 15 item 2): legible, sharp, no label overlaps."""
+
+from __future__ import annotations
+
+import inspect
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from kernels import plotstyle  # noqa: E402
+
+MIN_PT = 9
+MIN_DPI = 150
+FONT_KEYS = (
+    "font.size",
+    "axes.titlesize",
+    "axes.labelsize",
+    "xtick.labelsize",
+    "ytick.labelsize",
+    "legend.fontsize",
+)
+
+
+@pytest.fixture
+def styled():
+    with matplotlib.rc_context():
+        plotstyle.use()
+        yield
+    plt.close("all")
+
+
+def test_fonts_are_at_least_9_pt(styled):
+    from matplotlib.font_manager import FontProperties
+
+    sizes = {k: FontProperties(size=matplotlib.rcParams[k]).get_size_in_points() for k in FONT_KEYS}
+    small = {k: v for k, v in sizes.items() if v < MIN_PT}
+    assert not small, f"text smaller than {MIN_PT} pt: {small}"
+    default = inspect.signature(plotstyle.label_points).parameters["fontsize"].default
+    assert default >= MIN_PT, f"label_points labels at {default} pt"
+
+
+def test_figures_are_sharp_and_column_wide(styled):
+    assert matplotlib.rcParams["figure.dpi"] >= MIN_DPI
+    assert matplotlib.rcParams["savefig.dpi"] >= MIN_DPI
+    fig, _ = plotstyle.figure()
+    width_in, _height = fig.get_size_inches()
+    assert width_in == pytest.approx(plotstyle.COLUMN_WIDTH_IN)
+
+
+def test_palette_is_okabe_ito():
+    okabe_ito = {"#0072B2", "#D55E00", "#009E73", "#E69F00", "#CC79A7", "#56B4E9"}
+    assert okabe_ito <= {c.upper() for c in plotstyle.PALETTE}
+
+
+def test_title_names_the_gpu(styled):
+    _fig, ax = plotstyle.figure()
+    plotstyle.title(ax, "Softmax bandwidth", gpu="NVIDIA H100 80GB HBM3", dtype="bf16")
+    assert "NVIDIA H100 80GB HBM3" in ax.get_title() and "bf16" in ax.get_title()
+
+
+def _crowded(ax):
+    """Twelve points packed into a corner, with labels as long as kernel names."""
+    xs = [1.0 + 0.02 * i for i in range(12)]
+    ys = [1.0 + 0.015 * ((i * 7) % 12) for i in range(12)]
+    labels = [f"kernel {i}: tiled, {2 ** (i % 5)} warps" for i in range(12)]
+    ax.scatter(xs, ys)
+    ax.set_xlim(0.5, 2.0)
+    ax.set_ylim(0.5, 2.0)
+    return xs, ys, labels
+
+
+def test_label_points_leaves_no_overlapping_labels(styled):
+    pytest.importorskip("adjustText")
+    fig, ax = plotstyle.figure()
+    xs, ys, labels = _crowded(ax)
+    texts = plotstyle.label_points(ax, xs, ys, labels)
+    assert len(texts) == len(labels)
+    assert plotstyle.overlapping_texts(fig) == []
+
+
+def test_overlap_check_is_not_vacuous(styled):
+    fig, ax = plotstyle.figure()
+    xs, ys, labels = _crowded(ax)
+    for x, y, text in zip(xs, ys, labels, strict=True):
+        ax.text(x, y, text)  # placed by hand, on top of each other
+    assert plotstyle.overlapping_texts(fig)
+
+
+def test_adjusttext_is_importable():
+    import adjustText
+
+    assert hasattr(adjustText, "adjust_text")
