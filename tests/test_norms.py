@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels import device, norms
+from kernels import device, norms, rows
 
 SHAPES = [(3, 1), (200, 3), (7, 257), (4, 1000), (2, 4097), (2, 3, 33)]
 # (dtype, rtol, atol) against the fp32 reference. fp32: reductions in a different order, a few
@@ -17,8 +17,8 @@ def _run(kind, x, w, b, path):
     is_rms = kind == "rms_norm"
     bias = None if is_rms else b
     eps = 1e-6 if is_rms else 1e-5
-    fwd_cfg = norms.fwd_config(*norms.as_rows("x", x).shape, PATHS[path][0])
-    bwd_cfg = norms.bwd_config(*norms.as_rows("x", x).shape, PATHS[path][1])
+    fwd_cfg = norms.fwd_config(*rows.as_rows("x", x).shape, PATHS[path][0])
+    bwd_cfg = norms.bwd_config(*rows.as_rows("x", x).shape, PATHS[path][1])
     y, mean, rstd = norms._forward(x, w, bias, eps, is_rms, fwd_cfg)
     return y, mean, rstd, bias, eps, bwd_cfg
 
