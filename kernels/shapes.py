@@ -379,14 +379,29 @@ def host_records(quick: bool) -> list[dict]:
     return recs
 
 
-def run(quick: bool, ops: set[str] | None = None, *, progress: bool = False) -> list[dict]:
-    """The sweep's records (only the ``ops`` named, if given), host-time records first."""
+def run(
+    quick: bool,
+    ops: set[str] | None = None,
+    *,
+    dtypes: set[str] | None = None,
+    progress: bool = False,
+    sink: Callable[[dict], object] | None = None,
+) -> list[dict]:
+    """The sweep's records (only the ``ops`` and ``dtypes`` named, if given), host-time records
+    first; ``sink`` receives each record as it is made (a long sweep cut short keeps its rows)."""
     roofs = Roofs()
     recs = [r for r in host_records(quick) if ops is None or r["bench"].split("/")[1] in ops]
+    for rec in recs:
+        if sink:
+            sink(rec)
     for case in cases(quick):
         if ops is not None and case.op not in ops:
             continue
+        if dtypes is not None and str(case.dtype).replace("torch.", "") not in dtypes:
+            continue
         rec = run_case(case, roofs)
+        if sink:
+            sink(rec)
         if progress:
             speed = rec["speedup"]
             print(f"{rec['bench']:28s} {str(rec['shape']):24s} {rec['dtype']:9s} "
@@ -409,19 +424,22 @@ def slowest(records: list[dict]) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernels.shapes", description=__doc__.split("\n")[0])
     p.add_argument("--ops", help="comma-separated ops (softmax_fwd, rms_norm_bwd, matmul, ...)")
+    p.add_argument("--dtypes", help="comma-separated dtypes (float16, bfloat16, float32)")
     p.add_argument("--quick", action="store_true", help="one tiny shape per op")
     p.add_argument("--out", help="append the records to this JSONL file instead of results/")
     args = p.parse_args(argv)
     ops = set(args.ops.split(",")) if args.ops else None
+    dtypes = set(args.dtypes.split(",")) if args.dtypes else None
     print(device.describe(), flush=True)
-    recs = run(args.quick or not device.GPU_MODE, ops, progress=True)
+    out = Path(args.out) if args.out else bench.results_path()
+    sink = (lambda r: bench.append_records([r], out)) if device.GPU_MODE else None
+    recs = run(args.quick or not device.GPU_MODE, ops, dtypes=dtypes, progress=True, sink=sink)
     print(bench.format_table(recs))
     worst = slowest(recs)
     if worst:
         print(f"slowest: {worst['bench']} {worst['shape']} {worst['dtype']} {worst['speedup']}x")
     if device.GPU_MODE:
-        path = bench.append_records(recs, Path(args.out) if args.out else None)
-        print(f"appended {len(recs)} records to {path}")
+        print(f"appended {len(recs)} records to {out}")
     return 0
 
 
