@@ -137,11 +137,17 @@ class Launcher:
         if hit is None or knobs.runtime.launch_enter_hook.calls:
             return self._first(dev, key, grid, args, meta)
         compiled, tail = hit
-        compiled.run(
-            grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-            torch._C._cuda_getCurrentRawStream(dev), compiled.function, compiled.packed_metadata,
-            None, None, None, *args, *tail,
-        )  # fmt: skip
+        try:
+            compiled.run(
+                grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                torch._C._cuda_getCurrentRawStream(dev), compiled.function,
+                compiled.packed_metadata, None, None, None, *args, *tail,
+            )  # fmt: skip
+        except (TypeError, SystemError):
+            # The C launcher refused the arguments (it parses them before launching anything):
+            # go through Triton, which compiles for them or raises a clear error.
+            del self.cache[(dev, key)]
+            return self._first(dev, key, grid, args, meta)
         return compiled
 
     def _first(self, dev, key, grid, args, meta):
