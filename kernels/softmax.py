@@ -34,7 +34,12 @@ import triton.language as tl
 
 from kernels import bench, device, roofline, rows
 from kernels.launch import sm_count
+
+# Re-exported for code written against the old home of these helpers (now kernels.rows).
+from kernels.rows import as_rows as as_rows
+from kernels.rows import check_float as check_float
 from kernels.rows import num_warps_for
+from kernels.rows import row_launch as row_launch
 
 SUPPORTED_DTYPES = rows.SUPPORTED_DTYPES
 
@@ -43,9 +48,13 @@ SUPPORTED_DTYPES = rows.SUPPORTED_DTYPES
 TILE = 4096
 # The widest row (padded to a power of two) held in registers. At 32,768 columns and 16 warps a
 # thread holds 64 fp32 values and nothing spills. At 65,536 the fp32 row is 256 KiB, the whole
-# register file of an H100 SM, and it spills to local memory (0.85 of the copy bandwidth in bf16,
-# 0.72 in fp32 on an H100): the looped kernel takes over from there.
-MAX_FUSED_BLOCK = 32768
+# register file of an H100 SM, so some values spill to local memory. Measured on an H100 that
+# still beat the looped kernel when it ran one program per row: 0.85 of the copy bandwidth against
+# 0.75 in bf16, 0.72 against 0.68 in fp32 (notebooks/04c-fused-softmax-norms.ipynb). The looped
+# kernel now walks rows over a grid of LOOP_PROGRAMS_PER_SM programs per SM so that the rows in
+# flight fit in L2; scripts/gpu/rows_probe.py --sweep times it against this limit. Past it, the
+# looped kernel takes over.
+MAX_FUSED_BLOCK = 65536
 # The backward holds two rows (y and dy) per element: half the forward's width in registers.
 MAX_FUSED_BLOCK_BWD = 16384
 # Chunk of the looped kernels, their warps, and their programs per SM: each program walks whole
