@@ -569,6 +569,7 @@ def _launch_bwd_rows(dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, st
     mean = rstd if is_rms else mean
     meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, num_warps=cfg["num_warps"])
     key = (x.dtype, n_rows, n_cols, *strides, aligned(dy), aligned(x), aligned(weight))
+    key += (aligned(dx), aligned(mean), aligned(rstd))
     if cfg["kernel"] == "fused":
         meta |= dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["stages"])
         programs = cfg["programs"] or _bwd_programs(
