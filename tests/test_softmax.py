@@ -317,3 +317,10 @@ def test_launcher_binds_once_then_calls_the_compiled_kernel(monkeypatch):
     # A different key (new sizes, say) goes through Triton first, as Triton may specialise on it.
     launch(("k2",), (3,), ("X", 5), FLAG=True, BLOCK=64, num_warps=4)
     assert calls[-1][0] == "triton"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU")
+def test_softmax_rejects_a_cpu_tensor_on_a_gpu_machine():
+    with pytest.raises(ValueError, match="x must be on cuda"):
+        softmax.softmax(torch.zeros(2, 8))
