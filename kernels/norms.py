@@ -36,7 +36,16 @@ import triton
 import triton.language as tl
 
 from kernels import bench, device, roofline
-from kernels.softmax import as_rows, check_float, num_warps_for, row_launch
+from kernels.launch import next_power_of_2, resident_programs, sm_count
+from kernels.rows import (
+    Launcher,
+    aligned,
+    check_device,
+    check_float,
+    num_warps_for,
+    row_launch,
+    row_stride,
+)
 
 # Rows narrower than TILE elements are packed several to a program (as in kernels.softmax).
 TILE = 4096
@@ -51,6 +60,8 @@ MAX_FUSED_BLOCK_BWD = 8192
 # Column chunk of the looped and tiled kernels and its warps.
 LOOP_BLOCK = 4096
 LOOP_WARPS = 16
+# Programs per SM of the looped forward: each walks whole rows, every num_programs-th one.
+LOOP_PROGRAMS_PER_SM = 2
 # Software-pipelining depth of the in-register backward's loop over rows.
 BWD_STAGES = 3
 # Programs per SM of the two-step backward's dx kernel (each writes one row of dw partial sums).
@@ -120,6 +131,7 @@ def _norm_fwd_looped_kernel(
     mean_ptr,
     rstd_ptr,
     # sizes
+    n_rows,
     n_cols,
     eps,
     # strides
@@ -130,48 +142,50 @@ def _norm_fwd_looped_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # One row per program, in BLOCK_N chunks: a statistics pass, then a normalise pass that
-    # re-reads the row (read 2*C elements, write C).
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x_row
-    y_row = y_ptr + row * stride_y_row
+    # Rows in BLOCK_N chunks: a statistics pass, then a normalise pass that re-reads the row (read
+    # 2*C elements, write C). A program takes every num_programs-th row; a grid of a few programs
+    # per SM keeps the rows in flight small enough for L2 to serve the second read.
     cols = tl.arange(0, BLOCK_N)
-    # One pass over the row gives sum(d) and sum(d^2) per lane. For LayerNorm d = x - K with K the
-    # row's first element (the "shifted data" algorithm): var = E[d^2] - E[d]^2 then does not
-    # cancel catastrophically when |mean| is much larger than the spread of the row.
-    shift = 0.0
-    if not IS_RMS:
-        shift = tl.load(x_row).to(tl.float32)
-    s1 = tl.zeros([BLOCK_N], tl.float32)
-    s2 = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
-        offs = start + cols
-        mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        d = tl.where(mask, x - shift, 0.0)
-        s1 += d
-        s2 += d * d
-    if IS_RMS:
-        mean = 0.0
-        var = tl.sum(s2, axis=0) / n_cols
-    else:
-        mean_d = tl.sum(s1, axis=0) / n_cols
-        mean = shift + mean_d
-        var = tl.maximum(tl.sum(s2, axis=0) / n_cols - mean_d * mean_d, 0.0)
-        tl.store(mean_ptr + row, mean)
-    rstd = tl.rsqrt(var + eps)
-    tl.store(rstd_ptr + row, rstd)
-    # Normalise pass, last chunk first: the chunks read last are the likeliest still in L2.
     n_chunks = tl.cdiv(n_cols, BLOCK_N)
-    for i in range(0, n_chunks):
-        offs = (n_chunks - 1 - i) * BLOCK_N + cols
-        mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        y = (x - mean) * rstd * w
-        if HAS_BIAS:
-            y += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row64 = tl.cast(row, tl.int64)
+        x_row = x_ptr + row64 * stride_x_row
+        y_row = y_ptr + row64 * stride_y_row
+        # One pass gives sum(d) and sum(d^2) per lane. For LayerNorm d = x - K with K the row's
+        # first element (the "shifted data" algorithm): var = E[d^2] - E[d]^2 then does not
+        # cancel catastrophically when |mean| is much larger than the spread of the row.
+        shift = 0.0
+        if not IS_RMS:
+            shift = tl.load(x_row).to(tl.float32)
+        s1 = tl.zeros([BLOCK_N], tl.float32)
+        s2 = tl.zeros([BLOCK_N], tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            offs = start + cols
+            mask = offs < n_cols
+            x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+            d = tl.where(mask, x - shift, 0.0)
+            s1 += d
+            s2 += d * d
+        if IS_RMS:
+            mean = 0.0
+            var = tl.sum(s2, axis=0) / n_cols
+        else:
+            mean_d = tl.sum(s1, axis=0) / n_cols
+            mean = shift + mean_d
+            var = tl.maximum(tl.sum(s2, axis=0) / n_cols - mean_d * mean_d, 0.0)
+            tl.store(mean_ptr + row64, mean)
+        rstd = tl.rsqrt(var + eps)
+        tl.store(rstd_ptr + row64, rstd)
+        # Normalise pass, last chunk first: the chunks read last are the likeliest still in L2.
+        for i in range(0, n_chunks):
+            offs = (n_chunks - 1 - i) * BLOCK_N + cols
+            mask = offs < n_cols
+            x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            y = (x - mean) * rstd * w
+            if HAS_BIAS:
+                y += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -357,6 +371,11 @@ def _norm_dw_kernel(
     BLOCK_N: tl.constexpr,
 ):
     # Column sums of the [n_partials, n_cols] fp32 partial sums, rounded once to the weight dtype.
+    # Axis 1 of the grid picks one of several stacked [n_partials, n_cols] blocks (dw's, db's) and
+    # the matching row of out: one launch finishes every parameter gradient.
+    which = tl.program_id(1).to(tl.int64)
+    partial_ptr += which * n_partials * n_cols
+    out_ptr += which * n_cols
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
     for start in range(0, n_partials, BLOCK_P):
@@ -370,10 +389,15 @@ def _norm_dw_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 
+_FWD = {"fused": Launcher(_norm_fwd_kernel), "looped": Launcher(_norm_fwd_looped_kernel)}
+_BWD = {"fused": Launcher(_norm_bwd_kernel), "two-step": Launcher(_norm_bwd_dx_kernel)}
+_BWD_STATS = Launcher(_norm_bwd_stats_kernel)
+_DW = Launcher(_norm_dw_kernel)
+
 
 def fwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK) -> dict:
     """The forward launch for ``[n_rows, n_cols]``: kernel, rows per program, block, warps, grid."""
-    return row_launch(
+    cfg = row_launch(
         n_rows,
         n_cols,
         max_fused_block=max_fused_block,
@@ -381,14 +405,17 @@ def fwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK)
         loop_warps=LOOP_WARPS,
         tile=TILE,
     )
+    if cfg["kernel"] == "looped":
+        cfg["programs"] = max(1, min(n_rows, LOOP_PROGRAMS_PER_SM * sm_count()))
+    return cfg
 
 
 def bwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_BWD) -> dict:
     """The backward launch: kernel(s), block and warps. ``programs`` is None for the fused kernel:
-    the launcher runs as many as fit on the GPU at once (``resident_programs``)."""
+    the launcher runs as many as fit on the GPU at once (``kernels.launch.resident_programs``)."""
     cfg = fwd_config(n_rows, n_cols, max_fused_block)
     if cfg["kernel"] == "looped":
-        programs = TWO_STEP_PROGRAMS_PER_SM * (device.capabilities().sm_count or 2)
+        programs = TWO_STEP_PROGRAMS_PER_SM * sm_count(interpreter=2)
         return dict(cfg, kernel="two-step", programs=programs)
     # x and dy (and xhat, g, two accumulators) per element: twice the forward's warps. From 1,024
     # columns a 3-stage pipeline over rows keeps the next rows' loads in flight while this one is
@@ -399,27 +426,6 @@ def bwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_
     return dict(cfg, num_warps=num_warps_for(2 * tile), programs=None, stages=stages)
 
 
-_RESIDENT: dict[tuple, int] = {}  # resident programs of each compiled backward kernel
-
-
-def resident_programs(kernel) -> int:
-    """How many programs of a compiled Triton kernel the whole GPU holds at once: per SM, the
-    fewest allowed by threads, registers and shared memory, times the number of SMs."""
-    kernel._init_handles()  # loads the binary: fills in n_regs
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    # Older torch builds lack some of these fields: fall back to an A100's (64K registers, 2,048
-    # threads and 164 KiB of shared memory per SM), which an H100 matches or exceeds.
-    max_threads = getattr(props, "max_threads_per_multi_processor", 2048)
-    max_regs = getattr(props, "regs_per_multiprocessor", 65536)
-    max_smem = getattr(props, "shared_memory_per_multiprocessor", 167936)
-    threads = kernel.metadata.num_warps * 32
-    regs = -(-max(kernel.n_regs, 1) // 8) * 8 * threads  # registers are allocated 8 at a time
-    per_sm = min(
-        max_threads // threads, max_regs // regs, max_smem // max(kernel.metadata.shared, 1)
-    )
-    return props.multi_processor_count * max(per_sm, 1)
-
-
 def _check(x, weight, bias, eps) -> None:
     check_float("x", x)
     check_float("weight", weight)
@@ -427,132 +433,190 @@ def _check(x, weight, bias, eps) -> None:
         check_float("bias", bias)
     if x.ndim == 0:
         raise ValueError("x must have at least 1 dimension, got a 0-d tensor")
+    check_device("x", x)
+    n_cols, dtype, dev = x.shape[-1], x.dtype, x.device
     for name, t in (("weight", weight), ("bias", bias)):
         if t is None:
             continue
-        if t.shape != (x.shape[-1],):
+        if t.ndim != 1 or t.shape[0] != n_cols:
             raise ValueError(
-                f"{name} must have shape ({x.shape[-1]},) (x's last dimension), got {tuple(t.shape)}"
+                f"{name} must have shape ({n_cols},) (x's last dimension), got {tuple(t.shape)}"
             )
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
-        if t.dtype != x.dtype:
-            raise TypeError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
-        if t.device != x.device:
-            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
+        if t.dtype != dtype:
+            raise TypeError(f"{name} must have x's dtype {dtype}, got {t.dtype}")
+        if t.device != dev:
+            raise ValueError(f"{name} must be on x's device {dev}, got {t.device}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
 
 
+def _fwd_meta(cfg: dict, is_rms: bool, has_bias: bool) -> dict:
+    meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, BLOCK_N=cfg["BLOCK_N"])
+    if cfg["kernel"] == "fused":
+        meta["BLOCK_M"] = cfg["BLOCK_M"]
+    return dict(meta, num_warps=cfg["num_warps"])
+
+
+# (rows, columns, is_rms, has_bias) -> (launcher, grid, meta) of the default forward launch.
+_FWD_PLANS: dict[tuple, tuple] = {}
+
+
 def _forward(x, weight, bias, eps, is_rms, cfg=None):
     """y, mean, rstd for x viewed as rows (mean is None for RMSNorm)."""
-    x2 = as_rows("x", x)
-    n_rows, n_cols = x2.shape
-    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    rstd = torch.empty(n_rows, device=x.device, dtype=torch.float32)
-    mean = None if is_rms else torch.empty_like(rstd)
-    if x.numel() > 0:
-        cfg = cfg or fwd_config(n_rows, n_cols)
-        _launch_fwd(x2, weight, bias, y.view(-1, n_cols), mean, rstd, eps, cfg)
+    n_cols = x.shape[-1]
+    y = x.new_empty(x.shape)
+    n_rows = x.numel() // n_cols if n_cols else 0
+    rstd = x.new_empty(n_rows, dtype=torch.float32)
+    mean = None if is_rms else x.new_empty(n_rows, dtype=torch.float32)
+    if n_rows == 0 or n_cols == 0:
+        return y, mean, rstd
+    has_bias = bias is not None
+    if cfg is None:
+        key = (n_rows, n_cols, is_rms, has_bias)
+        plan = _FWD_PLANS.get(key)
+        if plan is None:
+            cfg = fwd_config(n_rows, n_cols)
+            meta = _fwd_meta(cfg, is_rms, has_bias)
+            plan = _FWD_PLANS[key] = (_FWD[cfg["kernel"]], (cfg["programs"],), meta, key)
+        launcher, grid, meta, key = plan
+    else:
+        meta = _fwd_meta(cfg, is_rms, has_bias)
+        launcher, grid = _FWD[cfg["kernel"]], (cfg["programs"],)
+        key = (n_rows, n_cols, cfg["programs"], *sorted(meta.items()))
+    n_rows, stride = row_stride("x", x)
+    b = weight if bias is None else bias
+    # y, mean and rstd are new (contiguous, aligned): the key needs the inputs' layout only.
+    key = (x.dtype, stride, aligned(x), aligned(weight), aligned(b), key)
+    args = (x, weight, b, y, rstd if mean is None else mean, rstd, n_rows, n_cols, float(eps))
+    launcher(key, grid, (*args, stride, n_cols), **meta)
     return y, mean, rstd
 
 
 def _launch_fwd(x2, weight, bias, y2, mean, rstd, eps, cfg):
-    """Launch the forward kernel ``cfg`` names; returns Triton's compiled kernel."""
+    """Launch the forward kernel ``cfg`` names on 2-D ``x2`` -> ``y2``; returns Triton's compiled
+    kernel (None in the interpreter)."""
     n_rows, n_cols = x2.shape
-    ptrs = (x2, weight, weight if bias is None else bias, y2, rstd if mean is None else mean, rstd)
-    tail = (n_cols, float(eps), x2.stride(0), y2.stride(0))
-    meta = dict(IS_RMS=mean is None, HAS_BIAS=bias is not None, num_warps=cfg["num_warps"])
-    if cfg["kernel"] == "fused":
-        return _norm_fwd_kernel[(cfg["programs"],)](
-            *ptrs, n_rows, *tail, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **meta
-        )
-    return _norm_fwd_looped_kernel[(n_rows,)](*ptrs, *tail, BLOCK_N=cfg["BLOCK_N"], **meta)
+    meta = _fwd_meta(cfg, mean is None, bias is not None)
+    b = weight if bias is None else bias
+    strides = (x2.stride(0), y2.stride(0))
+    key = (x2.dtype, n_rows, n_cols, *strides, cfg["programs"], *sorted(meta.items()))
+    key += tuple(aligned(t) for t in (x2, weight, b, y2))
+    args = (x2, weight, b, y2, rstd if mean is None else mean, rstd, n_rows, n_cols, float(eps))
+    return _FWD[cfg["kernel"]](key, (cfg["programs"],), (*args, *strides), **meta)
+
+
+_RESIDENT: dict[tuple, int] = {}  # resident programs of each compiled backward kernel
+# (rows, columns) -> the default backward configuration.
+_BWD_PLANS: dict[tuple, dict] = {}
 
 
 def _backward(dy, x, weight, mean, rstd, has_bias, cfg=None):
     """dx, dweight, dbias (None without a bias) for x viewed as rows."""
-    x2 = as_rows("x", x)
-    dy2 = as_rows("dy", dy if dy.stride(-1) == 1 or dy.shape[-1] == 1 else dy.contiguous())
-    n_rows, n_cols = x2.shape
-    dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    if x.numel() == 0:
+    n_cols = x.shape[-1]
+    dx = x.new_empty(x.shape)
+    n_rows = x.numel() // n_cols if n_cols else 0
+    if n_rows == 0 or n_cols == 0:
         dw = torch.zeros_like(weight)
         return dx, dw, (torch.zeros_like(weight) if has_bias else None)
-    cfg = cfg or bwd_config(n_rows, n_cols)
-    _, dw_part, db_part = _launch_bwd(
-        dy2, x2, weight, mean, rstd, dx.view(-1, n_cols), has_bias, cfg
-    )
-    dw = _sum_partials(dw_part, weight.dtype)
-    db = _sum_partials(db_part, weight.dtype) if has_bias else None
-    return dx, dw, db
+    if cfg is None:
+        cfg = _BWD_PLANS.get((n_rows, n_cols))
+        if cfg is None:
+            cfg = _BWD_PLANS[(n_rows, n_cols)] = bwd_config(n_rows, n_cols)
+    if dy.stride(-1) != 1 and n_cols > 1:
+        dy = dy.contiguous()  # an expanded gradient (from .sum().backward()) has column stride 0
+    _, x_stride = row_stride("x", x)
+    _, dy_stride = row_stride("dy", dy)
+    partials = _launch_bwd_rows(
+        dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, (dy_stride, x_stride, n_cols), cfg
+    )[1]
+    grads = _sum_stacked(partials, weight.dtype)
+    return dx, grads[0], (grads[1] if has_bias else None)
 
 
 def _launch_bwd(dy2, x2, weight, mean, rstd, dx2, has_bias, cfg):
-    """Launch the backward kernel(s) ``cfg`` names; returns (compiled dx kernel, dw and db partial
-    sums)."""
+    """Launch the backward kernel(s) ``cfg`` names on 2-D tensors; returns (compiled dx kernel,
+    dw partial sums, db partial sums): ``_sum_partials`` finishes each."""
     n_rows, n_cols = x2.shape
+    strides = (dy2.stride(0), x2.stride(0), dx2.stride(0))
+    kernel, partials = _launch_bwd_rows(
+        dy2, x2, weight, mean, rstd, dx2, has_bias, n_rows, n_cols, strides, cfg
+    )
+    return kernel, partials[0], (partials[1] if has_bias else partials[0])
+
+
+def _bwd_programs(dy, x, weight, mean, rstd, dx, n_rows, n_cols, strides, meta) -> int:
+    """Programs of the persistent in-register backward: as many as the GPU holds at once."""
+    if not device.GPU_MODE:
+        return 4  # the interpreter runs programs one by one; a few exercise the partial sums
+    key = (x.dtype, torch.cuda.current_device(), *sorted(meta.items()))
+    if key not in _RESIDENT:
+        # Compile (or fetch) without launching to learn the kernel's registers; a placeholder
+        # stands in for the partial sums, whose size depends on the answer.
+        tmp = torch.empty(1, device=x.device, dtype=torch.float32)
+        compiled = _norm_bwd_kernel.warmup(
+            dy, x, weight, mean, rstd, dx, tmp, tmp, n_rows, n_cols, *strides, grid=(1,), **meta
+        )
+        _RESIDENT[key] = resident_programs(compiled)
+    return _RESIDENT[key]
+
+
+def _launch_bwd_rows(dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, strides, cfg):
+    """The backward kernel(s) on tensors of ``n_rows`` rows with row ``strides`` (dy, x, dx);
+    returns (compiled dx kernel, stacked fp32 partial sums [1 or 2, n_partials, n_cols])."""
     is_rms = mean is None
     mean = rstd if is_rms else mean
     meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, num_warps=cfg["num_warps"])
-    strides = (dy2.stride(0), x2.stride(0), dx2.stride(0))
+    key = (x.dtype, n_rows, n_cols, *strides, aligned(dy), aligned(x), aligned(weight))
+    key += (aligned(dx), aligned(mean), aligned(rstd))
     if cfg["kernel"] == "fused":
         meta |= dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["stages"])
-        blocks = triton.cdiv(n_rows, cfg["BLOCK_M"])
-        if cfg["programs"]:
-            programs = cfg["programs"]
-        elif device.GPU_MODE:
-            key = (x2.dtype, x2.device, tuple(sorted(meta.items())))
-            if key not in _RESIDENT:
-                # Compile (or fetch) without launching to learn the kernel's registers; a
-                # placeholder stands in for the partial sums, whose size depends on the answer.
-                tmp = torch.empty(1, device=x2.device, dtype=torch.float32)
-                try:
-                    compiled = _norm_bwd_kernel.warmup(
-                        dy2, x2, weight, mean, rstd, dx2, tmp, tmp, n_rows, n_cols, *strides,
-                        grid=(1,), **meta,
-                    )  # fmt: skip
-                    _RESIDENT[key] = resident_programs(compiled)
-                except AttributeError:  # a Triton without these (semi-private) hooks
-                    _RESIDENT[key] = 2 * torch.cuda.get_device_properties(0).multi_processor_count
-            programs = _RESIDENT[key]
-        else:
-            programs = 4  # the interpreter runs programs one by one; a few exercise the partials
-        grid = (min(blocks, programs),)  # one row of partial sums per program
-        n_partials = grid[0]
+        programs = cfg["programs"] or _bwd_programs(
+            dy, x, weight, mean, rstd, dx, n_rows, n_cols, strides, meta
+        )
+        grid = (min(triton.cdiv(n_rows, cfg["BLOCK_M"]), programs),)
+        n_partials = grid[0]  # one row of partial sums per program
     else:
-        c1 = torch.empty(n_rows, device=x2.device, dtype=torch.float32)
-        c2 = torch.empty_like(c1)
-        _norm_bwd_stats_kernel[(n_rows,)](
-            dy2, x2, weight, mean, rstd, c1, c2, n_cols, *strides[:2],
+        meta["BLOCK_N"] = cfg["BLOCK_N"]
+        stats = x.new_empty((2, n_rows), dtype=torch.float32)
+        c1, c2 = stats[0], stats[1]
+        _BWD_STATS(
+            (*key, is_rms, cfg["BLOCK_N"], cfg["num_warps"]),
+            (n_rows,),
+            (dy, x, weight, mean, rstd, c1, c2, n_cols, *strides[:2]),
             IS_RMS=is_rms, BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
         )  # fmt: skip
         n_chunks = triton.cdiv(n_cols, cfg["BLOCK_N"])
         grid = (n_chunks, max(1, min(n_rows, cfg["programs"] // n_chunks)))
         n_partials = grid[1]  # one row of partial sums per group of rows
-    dw_part = torch.empty(n_partials, n_cols, device=x2.device, dtype=torch.float32)
-    db_part = torch.empty_like(dw_part) if has_bias else dw_part
+    partials = x.new_empty((2 if has_bias else 1, n_partials, n_cols), dtype=torch.float32)
+    db_part = partials[1] if has_bias else partials[0]
+    key += (grid, *sorted(meta.items()))
     if cfg["kernel"] == "fused":
-        kernel = _norm_bwd_kernel[grid](
-            dy2, x2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, n_cols, *strides, **meta
-        )
+        args = (dy, x, weight, mean, rstd, dx, partials[0], db_part, n_rows, n_cols, *strides)
     else:
-        kernel = _norm_bwd_dx_kernel[grid](
-            dy2, x2, weight, mean, rstd, c1, c2, dx2, dw_part, db_part, n_rows, n_cols, *strides,
-            BLOCK_N=cfg["BLOCK_N"], **meta,
-        )  # fmt: skip
-    return kernel, dw_part, db_part
+        args = (dy, x, weight, mean, rstd, c1, c2, dx, partials[0], db_part, n_rows, n_cols)
+        args += strides
+    kernel = _BWD[cfg["kernel"]](key, grid, args, **meta)
+    return kernel, partials
+
+
+def _sum_stacked(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Column sums of stacked fp32 partial sums ``[k, n_partials, n_cols]``: ``[k, n_cols]`` in
+    ``dtype``, one launch for all k."""
+    k, n_partials, n_cols = partials.shape
+    out = partials.new_empty((k, n_cols), dtype=dtype)
+    block_n = min(next_power_of_2(n_cols), 256)
+    grid = (triton.cdiv(n_cols, block_n), k)
+    key = (dtype, k, n_partials, n_cols, aligned(partials))
+    _DW(key, grid, (partials, out, n_partials, n_cols), BLOCK_P=32, BLOCK_N=block_n, num_warps=4)
+    return out
 
 
 def _sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Column sums of the fp32 partial sums, in ``dtype``."""
-    n_partials, n_cols = partial.shape
-    out = torch.empty(n_cols, device=partial.device, dtype=dtype)
-    block_n = min(triton.next_power_of_2(n_cols), 256)
-    _norm_dw_kernel[(triton.cdiv(n_cols, block_n),)](
-        partial, out, n_partials, n_cols, BLOCK_P=32, BLOCK_N=block_n, num_warps=4
-    )
-    return out
+    """Column sums of one ``[n_partials, n_cols]`` block of fp32 partial sums, in ``dtype``."""
+    return _sum_stacked(partial.unsqueeze(0), dtype)[0]
 
 
 class _Norm(torch.autograd.Function):
@@ -570,11 +634,18 @@ class _Norm(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+def _wants_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """RMSNorm over the last dimension of ``x`` (fp32/fp16/bf16), ``weight`` of x's dtype and
     shape ``[x.shape[-1]]``; fp32 statistics; differentiable with respect to ``x`` and ``weight``."""
     _check(x, weight, None, eps)
-    return _Norm.apply(x, weight, None, eps, True)
+    # Autograd's bookkeeping costs microseconds per call: pay it only when a gradient is wanted.
+    if _wants_grad(x, weight):
+        return _Norm.apply(x, weight, None, eps, True)
+    return _forward(x, weight, None, eps, True)[0]
 
 
 def layer_norm(
@@ -583,7 +654,9 @@ def layer_norm(
     """LayerNorm over the last dimension of ``x`` with ``weight`` and optional ``bias`` (both of
     x's dtype, shape ``[x.shape[-1]]``); fp32 statistics; differentiable in x, weight and bias."""
     _check(x, weight, bias, eps)
-    return _Norm.apply(x, weight, bias, eps, False)
+    if _wants_grad(x, weight, bias):
+        return _Norm.apply(x, weight, bias, eps, False)
+    return _forward(x, weight, bias, eps, False)[0]
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -642,11 +715,10 @@ def _compile_specs() -> list[dict]:
                     _spec(_norm_fwd_kernel, fwd_sig, flags | {"BLOCK_M": bm, "BLOCK_N": bn},
                           num_warps_for(bm * bn))
                 )  # fmt: skip
-            sig = {k: v for k, v in fwd_sig.items() if k != "n_rows"}
             specs.append(
                 _spec(
                     _norm_fwd_looped_kernel,
-                    sig,
+                    fwd_sig,
                     flags | {"BLOCK_N": LOOP_BLOCK},
                     LOOP_WARPS,
                 )

@@ -18,8 +18,12 @@ Two kernels, picked by the width of a row:
   whatever part of the second read the L2 cache serves (the second pass walks the row backwards so
   the chunks read last in the first pass, the likeliest to still be in L2, come first).
 
-The backward pass (``dx = y * (dy - sum(y * dy))``) runs in PyTorch: this module's kernels are the
-forward pass the benchmarks and the book measure.
+The backward pass, ``dx = y * (dy - sum(y * dy))`` per row, has the same two shapes
+(``_softmax_bwd_kernel``, ``_softmax_bwd_looped_kernel``): read ``y`` and ``dy``, write ``dx``.
+
+Launches go through ``kernels.rows``: the plan of each ``(rows, width)`` is worked out once and the
+compiled kernel is called without Triton's per-call argument binding, so a one-row softmax costs
+about what ``torch.softmax`` costs on the host.
 """
 
 from __future__ import annotations
@@ -28,36 +32,39 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import bench, device, roofline
+from kernels import bench, device, roofline, rows
+from kernels.launch import sm_count
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Re-exported for code written against the old home of these helpers (now kernels.rows).
+from kernels.rows import as_rows as as_rows
+from kernels.rows import check_float as check_float
+from kernels.rows import num_warps_for
+from kernels.rows import row_launch as row_launch
+
+SUPPORTED_DTYPES = rows.SUPPORTED_DTYPES
+
 # Rows narrower than TILE elements are packed ROWS = TILE // BLOCK_N to a program, so that a program
 # for 256-wide bf16 rows still moves 8 KiB in and 8 KiB out instead of 512 bytes.
 TILE = 4096
 # The widest row (padded to a power of two) held in registers. At 32,768 columns and 16 warps a
 # thread holds 64 fp32 values and nothing spills. At 65,536 the fp32 row is 256 KiB, the whole
 # register file of an H100 SM, so some values spill to local memory. Measured on an H100 that
-# still beats re-reading the row: 0.85 of the copy bandwidth against 0.75 looped in bf16, 0.72
-# against 0.68 in fp32 (notebooks/04c-fused-softmax-norms.ipynb shows both). Past it, the looped
-# kernel takes over.
+# still beat the looped kernel when it ran one program per row: 0.85 of the copy bandwidth against
+# 0.75 in bf16, 0.72 against 0.68 in fp32 (notebooks/04c-fused-softmax-norms.ipynb). The looped
+# kernel now walks rows over a grid of LOOP_PROGRAMS_PER_SM programs per SM so that the rows in
+# flight fit in L2; scripts/gpu/rows_probe.py --sweep times it against this limit. Past it, the
+# looped kernel takes over.
 MAX_FUSED_BLOCK = 65536
-# Chunk of the looped kernel, and its warps: 16 fp32 values per thread per chunk.
+# The backward holds two rows (y and dy) per element: half the forward's width in registers.
+MAX_FUSED_BLOCK_BWD = 16384
+# Chunk of the looped kernels, their warps, and their programs per SM: each program walks whole
+# rows, so the rows in flight (programs x row bytes) should fit in L2 for the second read to hit.
 LOOP_BLOCK = 8192
 LOOP_WARPS = 16
+LOOP_PROGRAMS_PER_SM = 2
 # fp32's most negative finite value: the looped kernel's initial running max. Starting from -inf
 # instead would make exp(m - m_new) = exp(-inf + inf) = NaN in lanes that have only seen padding.
 _FP32_MIN = -3.4028234663852886e38
-
-
-def num_warps_for(block_elems: int) -> int:
-    """Warps for a program holding ``block_elems`` values: 4 up to 2048, 8 up to 8192, else 16.
-
-    More warps means fewer values per thread (registers) and more loads in flight per program."""
-    if block_elems <= 2048:
-        return 4
-    if block_elems <= 8192:
-        return 8
-    return 16
 
 
 @triton.jit
@@ -109,6 +116,7 @@ def _softmax_looped_kernel(
     x_ptr,
     y_ptr,
     # sizes
+    n_rows,
     n_cols,
     # strides
     stride_x_row,
@@ -117,94 +125,126 @@ def _softmax_looped_kernel(
     BLOCK_N: tl.constexpr,
     FP32_MIN: tl.constexpr,
 ):
-    # One row per program, walked in BLOCK_N chunks: read 2*C elements, write C.
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x_row
-    y_row = y_ptr + row * stride_y_row
+    # Rows walked in BLOCK_N chunks, read 2*C elements and write C per row. A program takes every
+    # num_programs-th row: with a grid of a few programs per SM, the rows in flight at once fit in
+    # L2 and the second read of each row comes from there rather than from HBM.
     cols = tl.arange(0, BLOCK_N)
-    # Pass 1, the online normaliser: lane i keeps the max m_i of the values it has seen and
-    # l_i = sum exp(x - m_i). A new value x rescales the old sum to the new max:
-    #   m' = max(m, x),  l' = l * exp(m - m') + exp(x - m').
-    m = tl.full([BLOCK_N], FP32_MIN, tl.float32)
-    l_sum = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
-        offs = start + cols
-        x = tl.load(x_row + offs, mask=offs < n_cols, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        l_sum = l_sum * tl.exp(m - m_new) + tl.exp(x - m_new)
-        m = m_new
-    # Merge the lanes the same way: rescale each lane's sum to the row max.
-    row_max = tl.max(m, axis=0)
-    inv_sum = 1.0 / tl.sum(l_sum * tl.exp(m - row_max), axis=0)
-    # Pass 2: re-read, normalise, write; last chunk first, since it is the likeliest still in L2.
     n_chunks = tl.cdiv(n_cols, BLOCK_N)
-    for i in range(0, n_chunks):
-        offs = (n_chunks - 1 - i) * BLOCK_N + cols
-        mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=-float("inf")).to(tl.float32)
-        y = tl.exp(x - row_max) * inv_sum
-        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row64 = tl.cast(row, tl.int64)
+        x_row = x_ptr + row64 * stride_x_row
+        y_row = y_ptr + row64 * stride_y_row
+        # Pass 1, the online normaliser: lane i keeps the max m_i of the values it has seen and
+        # l_i = sum exp(x - m_i). A new value x rescales the old sum to the new max:
+        #   m' = max(m, x),  l' = l * exp(m - m') + exp(x - m').
+        m = tl.full([BLOCK_N], FP32_MIN, tl.float32)
+        l_sum = tl.zeros([BLOCK_N], tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            offs = start + cols
+            x = tl.load(x_row + offs, mask=offs < n_cols, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, x)
+            l_sum = l_sum * tl.exp(m - m_new) + tl.exp(x - m_new)
+            m = m_new
+        # Merge the lanes the same way: rescale each lane's sum to the row max.
+        row_max = tl.max(m, axis=0)
+        inv_sum = 1.0 / tl.sum(l_sum * tl.exp(m - row_max), axis=0)
+        # Pass 2: re-read, normalise, write; last chunk first, the likeliest still in L2.
+        for i in range(0, n_chunks):
+            offs = (n_chunks - 1 - i) * BLOCK_N + cols
+            mask = offs < n_cols
+            x = tl.load(x_row + offs, mask=mask, other=-float("inf")).to(tl.float32)
+            y = tl.exp(x - row_max) * inv_sum
+            tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_bwd_kernel(
+    # pointers
+    y_ptr,
+    dy_ptr,
+    dx_ptr,
+    # sizes
+    n_rows,
+    n_cols,
+    # strides
+    stride_y_row,
+    stride_dy_row,
+    stride_dx_row,
+    # meta-parameters
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # The backward of y = softmax(x): dx = y * (dy - sum(y * dy)) per row. BLOCK_M whole rows per
+    # program in registers: read y and dy once, write dx once (3 passes; PyTorch's is the same).
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols[None, :] < n_cols
+    # Rows past the end recompute the last row (in bounds), and the store mask drops them.
+    rows64 = tl.minimum(rows, n_rows - 1).to(tl.int64)[:, None]
+    y = tl.load(y_ptr + rows64 * stride_y_row + cols[None, :], mask=col_mask, other=0.0)
+    dy = tl.load(dy_ptr + rows64 * stride_dy_row + cols[None, :], mask=col_mask, other=0.0)
+    y, dy = y.to(tl.float32), dy.to(tl.float32)
+    dot = tl.sum(y * dy, axis=1)
+    dx = y * (dy - dot[:, None])
+    tl.store(
+        dx_ptr + rows64 * stride_dx_row + cols[None, :],
+        dx.to(dx_ptr.dtype.element_ty),
+        mask=(rows[:, None] < n_rows) & col_mask,
+    )
+
+
+@triton.jit
+def _softmax_bwd_looped_kernel(
+    # pointers
+    y_ptr,
+    dy_ptr,
+    dx_ptr,
+    # sizes
+    n_rows,
+    n_cols,
+    # strides
+    stride_y_row,
+    stride_dy_row,
+    stride_dx_row,
+    # meta-parameters
+    BLOCK_N: tl.constexpr,
+):
+    # Wide rows: pass 1 sums y * dy in chunks, pass 2 re-reads both (last chunk first, from L2 if
+    # it is still there) and writes dx: read 4*C elements, write C.
+    cols = tl.arange(0, BLOCK_N)
+    n_chunks = tl.cdiv(n_cols, BLOCK_N)
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row64 = tl.cast(row, tl.int64)
+        y_row = y_ptr + row64 * stride_y_row
+        dy_row = dy_ptr + row64 * stride_dy_row
+        dx_row = dx_ptr + row64 * stride_dx_row
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            offs = start + cols
+            mask = offs < n_cols
+            y = tl.load(y_row + offs, mask=mask, other=0.0).to(tl.float32)
+            acc += y * tl.load(dy_row + offs, mask=mask, other=0.0).to(tl.float32)
+        dot = tl.sum(acc, axis=0)
+        for i in range(0, n_chunks):
+            offs = (n_chunks - 1 - i) * BLOCK_N + cols
+            mask = offs < n_cols
+            y = tl.load(y_row + offs, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_row + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dx_row + offs, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------- launchers
 
-
-def as_rows(name: str, x: torch.Tensor) -> torch.Tensor:
-    """``x`` as a 2-D ``[rows, last dim]`` view without copying, or a ValueError naming ``name``.
-
-    The kernels take a row stride, so row-strided inputs (a slice ``x[:, :k]``, an expanded batch)
-    work as they are; the last dimension itself must be contiguous."""
-    if x.ndim == 0:
-        raise ValueError(f"{name} must have at least 1 dimension, got a 0-d tensor")
-    if x.shape[-1] > 1 and x.stride(-1) != 1:
-        raise ValueError(
-            f"{name} must have a contiguous last dimension (stride 1), got strides "
-            f"{tuple(x.stride())}; call .contiguous() first"
-        )
-    try:
-        return x.view(-1, x.shape[-1])
-    except RuntimeError:
-        raise ValueError(
-            f"{name}'s leading dimensions (shape {tuple(x.shape)}, strides {tuple(x.stride())}) "
-            "cannot be viewed as rows without a copy; call .contiguous() first"
-        ) from None
-
-
-def check_float(name: str, x) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} must have dtype in (float32, float16, bfloat16), got {x.dtype}")
-
-
-def row_launch(
-    n_rows: int, n_cols: int, *, max_fused_block: int, loop_block: int, loop_warps: int, tile: int
-) -> dict:
-    """The launch of a row-wise kernel on ``[n_rows, n_cols]`` (softmax and the norms share it):
-    rows up to ``max_fused_block`` wide are held whole in registers, ``tile // block`` rows per
-    program; wider rows loop over ``loop_block``-wide chunks, one row per program."""
-    block_n = triton.next_power_of_2(max(n_cols, 1))
-    if block_n > max_fused_block:
-        return dict(
-            kernel="looped",
-            BLOCK_M=1,
-            BLOCK_N=loop_block,
-            num_warps=loop_warps,
-            programs=n_rows,
-        )
-    block_m = min(max(tile // block_n, 1), triton.next_power_of_2(max(n_rows, 1)))
-    return dict(
-        kernel="fused",
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        num_warps=num_warps_for(block_m * block_n),
-        programs=triton.cdiv(n_rows, block_m),
-    )
+_FWD = {"fused": rows.Launcher(_softmax_kernel), "looped": rows.Launcher(_softmax_looped_kernel)}
+_BWD = {
+    "fused": rows.Launcher(_softmax_bwd_kernel),
+    "looped": rows.Launcher(_softmax_bwd_looped_kernel),
+}
 
 
 def launch_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK) -> dict:
     """How ``softmax`` launches for a ``[n_rows, n_cols]`` input: the kernel, block and warps."""
-    return row_launch(
+    cfg = rows.row_launch(
         n_rows,
         n_cols,
         max_fused_block=max_fused_block,
@@ -212,6 +252,52 @@ def launch_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLO
         loop_warps=LOOP_WARPS,
         tile=TILE,
     )
+    if cfg["kernel"] == "looped":
+        cfg["programs"] = max(1, min(n_rows, LOOP_PROGRAMS_PER_SM * sm_count()))
+    return cfg
+
+
+def bwd_launch_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_BWD) -> dict:
+    """How the backward pass launches: as the forward, with rows of two tensors in registers."""
+    cfg = rows.row_launch(
+        n_rows,
+        n_cols,
+        max_fused_block=max_fused_block,
+        loop_block=LOOP_BLOCK,
+        loop_warps=LOOP_WARPS,
+        tile=TILE,
+    )
+    if cfg["kernel"] == "looped":
+        cfg["programs"] = max(1, min(n_rows, LOOP_PROGRAMS_PER_SM * sm_count()))
+    else:
+        cfg["num_warps"] = rows.num_warps_for(2 * cfg["BLOCK_M"] * cfg["BLOCK_N"])
+    return cfg
+
+
+def _meta(cfg: dict, backward: bool) -> dict:
+    """The constexprs and options of the kernel ``cfg`` names."""
+    meta = dict(BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"])
+    if cfg["kernel"] == "fused":
+        meta["BLOCK_M"] = cfg["BLOCK_M"]
+    elif not backward:
+        meta["FP32_MIN"] = _FP32_MIN
+    return meta
+
+
+# (rows, columns, max_fused_block, backward) -> (launcher, grid, meta): a model calls a handful of
+# shapes again and again, so the launch plan of each is worked out once.
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _plan(n_rows: int, n_cols: int, max_fused_block: int, backward: bool) -> tuple:
+    key = (n_rows, n_cols, max_fused_block, backward)
+    plan = _PLANS.get(key)
+    if plan is None:
+        config = bwd_launch_config if backward else launch_config
+        cfg = config(n_rows, n_cols, max_fused_block)
+        launcher = (_BWD if backward else _FWD)[cfg["kernel"]]
+        plan = _PLANS[key] = (launcher, (cfg["programs"],), _meta(cfg, backward))
+    return plan
 
 
 def softmax(
@@ -221,39 +307,58 @@ def softmax(
 
     ``max_fused_block``: widest power-of-two row kept in registers; wider rows use the looped
     kernel (set it to 0 to force the looped kernel, to 2**17 to force registers)."""
-    check_float("x", x)
+    rows.check_float("x", x)
     if x.ndim == 0:
         raise ValueError("x must have at least 1 dimension, got a 0-d tensor")
-    if dim not in (-1, x.ndim - 1):
+    if dim != -1 and dim != x.ndim - 1:
         raise ValueError(
             f"dim must be the last dimension (-1 or {x.ndim - 1}), got {dim}; "
             "move that dimension last with x.transpose(dim, -1) first"
         )
-    return _Softmax.apply(x, max_fused_block)
-
-
-def _launch(x2: torch.Tensor, y2: torch.Tensor, cfg: dict):
-    """Launch the kernel ``cfg`` names on 2-D ``x2`` -> ``y2``; returns Triton's compiled kernel."""
-    n_rows, n_cols = x2.shape
-    strides = (x2.stride(0), y2.stride(0))
-    if cfg["kernel"] == "fused":
-        return _softmax_kernel[(cfg["programs"],)](
-            x2, y2, n_rows, n_cols, *strides,
-            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
-        )  # fmt: skip
-    return _softmax_looped_kernel[(cfg["programs"],)](
-        x2, y2, n_cols, *strides,
-        BLOCK_N=cfg["BLOCK_N"], FP32_MIN=_FP32_MIN, num_warps=cfg["num_warps"],
-    )  # fmt: skip
+    rows.check_device("x", x)
+    # Autograd's bookkeeping costs microseconds per call: pay it only when a gradient is wanted.
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Softmax.apply(x, max_fused_block)
+    return _softmax_forward(x, max_fused_block)
 
 
 def _softmax_forward(x: torch.Tensor, max_fused_block: int) -> torch.Tensor:
-    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    if x.numel() == 0:
+    y = x.new_empty(x.shape)
+    n_cols = x.shape[-1]
+    if n_cols == 0 or x.numel() == 0:
         return y
-    x2, y2 = as_rows("x", x), y.view(-1, x.shape[-1])
-    _launch(x2, y2, launch_config(*x2.shape, max_fused_block))
+    n_rows, stride = rows.row_stride("x", x)
+    launcher, grid, meta = _plan(n_rows, n_cols, max_fused_block, False)
+    # The key fixes everything the binary depends on; y is new, contiguous and aligned.
+    key = (x.dtype, n_rows, n_cols, stride, rows.aligned(x), max_fused_block)
+    launcher(key, grid, (x, y, n_rows, n_cols, stride, n_cols), **meta)
     return y
+
+
+def _softmax_backward(y: torch.Tensor, dy: torch.Tensor, max_fused_block: int) -> torch.Tensor:
+    """dx from the forward's output ``y`` (contiguous) and the upstream gradient ``dy``."""
+    dx = y.new_empty(y.shape)
+    n_cols = y.shape[-1]
+    if n_cols == 0 or y.numel() == 0:
+        return dx
+    if not dy.is_contiguous():
+        dy = dy.contiguous()  # an expanded gradient (from .sum().backward()) has row stride 0
+    n_rows = y.numel() // n_cols
+    launcher, grid, meta = _plan(n_rows, n_cols, max_fused_block, True)
+    key = (y.dtype, n_rows, n_cols, rows.aligned(y), rows.aligned(dy), max_fused_block)
+    launcher(key, grid, (y, dy, dx, n_rows, n_cols, n_cols, n_cols, n_cols), **meta)
+    return dx
+
+
+def _launch(x2: torch.Tensor, y2: torch.Tensor, cfg: dict):
+    """Launch the forward kernel ``cfg`` names on 2-D ``x2`` -> ``y2``; returns Triton's compiled
+    kernel (None in the interpreter)."""
+    n_rows, n_cols = x2.shape
+    meta = _meta(cfg, False)
+    strides = (x2.stride(0), y2.stride(0))
+    key = (x2.dtype, y2.dtype, n_rows, n_cols, *strides, rows.aligned(x2), rows.aligned(y2))
+    key += (cfg["programs"], *sorted(meta.items()))
+    return _FWD[cfg["kernel"]](key, (cfg["programs"],), (x2, y2, n_rows, n_cols, *strides), **meta)
 
 
 def kernel_resources(
@@ -280,11 +385,8 @@ class _Softmax(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        # d softmax: dx = y * (dy - sum(y * dy)) per row, in fp32, in PyTorch (not one of our kernels).
         (y,) = ctx.saved_tensors
-        yf, dyf = y.float(), dy.float()
-        dx = yf * (dyf - (yf * dyf).sum(dim=-1, keepdim=True))
-        return dx.to(y.dtype), None
+        return _softmax_backward(y, dy, MAX_FUSED_BLOCK_BWD), None
 
 
 def softmax_ref(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -308,29 +410,39 @@ LOOPED_PASSES = 3
 
 
 def _spec(kernel, t: str, constexprs: dict, num_warps: int) -> dict:
-    sig = {"x_ptr": f"*{t}", "y_ptr": f"*{t}", "n_rows": "i32", "n_cols": "i32"}
-    if kernel is _softmax_looped_kernel:
-        del sig["n_rows"]
-    sig |= {"stride_x_row": "i64", "stride_y_row": "i64"}
+    if kernel in (_softmax_kernel, _softmax_looped_kernel):
+        sig = {"x_ptr": f"*{t}", "y_ptr": f"*{t}", "n_rows": "i32", "n_cols": "i32"}
+        sig |= {"stride_x_row": "i64", "stride_y_row": "i64"}
+    else:
+        sig = {"y_ptr": f"*{t}", "dy_ptr": f"*{t}", "dx_ptr": f"*{t}", "n_rows": "i32"}
+        sig |= {"n_cols": "i32", "stride_y_row": "i64", "stride_dy_row": "i64"}
+        sig |= {"stride_dx_row": "i64"}
     return dict(
         kernel=kernel, signature=sig, constexprs=constexprs, options={"num_warps": num_warps}
     )
 
 
 # Signatures for the ahead-of-time compile check (tests compile every kernel for sm_90 and sm_75).
-COMPILE_SPECS = [
-    _spec(_softmax_kernel, t, {"BLOCK_M": bm, "BLOCK_N": bn}, num_warps_for(bm * bn))
-    for t in ("fp32", "bf16")
-    for bm, bn in ((16, 256), (1, MAX_FUSED_BLOCK))
-] + [
-    _spec(
-        _softmax_looped_kernel,
-        t,
-        {"BLOCK_N": LOOP_BLOCK, "FP32_MIN": _FP32_MIN},
-        LOOP_WARPS,
-    )
-    for t in ("fp32", "bf16")
-]
+COMPILE_SPECS = (
+    [
+        _spec(_softmax_kernel, t, {"BLOCK_M": bm, "BLOCK_N": bn}, num_warps_for(bm * bn))
+        for t in ("fp32", "bf16")
+        for bm, bn in ((16, 256), (1, MAX_FUSED_BLOCK))
+    ]
+    + [
+        _spec(_softmax_bwd_kernel, t, {"BLOCK_M": bm, "BLOCK_N": bn}, num_warps_for(2 * bm * bn))
+        for t in ("fp32", "bf16")
+        for bm, bn in ((16, 256), (1, MAX_FUSED_BLOCK_BWD))
+    ]
+    + [
+        _spec(_softmax_looped_kernel, t, {"BLOCK_N": LOOP_BLOCK, "FP32_MIN": _FP32_MIN}, LOOP_WARPS)
+        for t in ("fp32", "bf16")
+    ]
+    + [
+        _spec(_softmax_bwd_looped_kernel, t, {"BLOCK_N": LOOP_BLOCK}, LOOP_WARPS)
+        for t in ("fp32", "bf16")
+    ]
+)
 
 
 # ----------------------------------------------------------------------------- benchmark

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, roofline
+from kernels.rows import Launcher, aligned
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Defaults chosen by the BLOCK_SIZE x num_warps sweep in notebooks/01a-gpu-hierarchy.ipynb: large
@@ -45,6 +46,9 @@ def _add_kernel(
     tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_ADD = Launcher(_add_kernel)
+
+
 def add(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -58,12 +62,17 @@ def add(
     _validate.same("x", x, "y", y)
     _validate.positive_power_of_two("block_size", block_size)
     _validate.positive_power_of_two("num_warps", num_warps)
+    if x.is_cuda != device.GPU_MODE:
+        raise ValueError(f"x must be on {device.DEVICE.type}, got a tensor on {x.device}")
     out = torch.empty_like(x)
     n = x.numel()
     if n == 0:
         return out
-    grid = (triton.cdiv(n, block_size),)
-    _add_kernel[grid](x, y, out, n, BLOCK_SIZE=block_size, num_warps=num_warps)
+    # The key fixes what the binary depends on (out is new and aligned); later calls of the same
+    # size skip Triton's argument binding (see kernels.rows.Launcher).
+    key = (x.dtype, n, block_size, num_warps, aligned(x), aligned(y))
+    _ADD(key, (triton.cdiv(n, block_size),), (x, y, out, n), BLOCK_SIZE=block_size,
+         num_warps=num_warps)  # fmt: skip
     return out
 
 

@@ -78,6 +78,9 @@ def test_committed_results_follow_the_schema():
     files = sorted((Path(__file__).resolve().parents[1] / "results").glob("*.jsonl"))
     for f in files:
         for r in bench.load_records(f):
+            if "error" in r:  # a case that raised (kernels/shapes.py): no timings, the message
+                assert list(r) == FIELDS + ["error"] and r["ms"] is None and r["error"], f
+                continue
             assert list(r) == FIELDS, f
             assert r["gpu"] and r["ms"] > 0, f
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels import device, norms
+from kernels import device, norms, rows
 
 SHAPES = [(3, 1), (200, 3), (7, 257), (4, 1000), (2, 4097), (2, 3, 33)]
 # (dtype, rtol, atol) against the fp32 reference. fp32: reductions in a different order, a few
@@ -17,8 +17,8 @@ def _run(kind, x, w, b, path):
     is_rms = kind == "rms_norm"
     bias = None if is_rms else b
     eps = 1e-6 if is_rms else 1e-5
-    fwd_cfg = norms.fwd_config(*norms.as_rows("x", x).shape, PATHS[path][0])
-    bwd_cfg = norms.bwd_config(*norms.as_rows("x", x).shape, PATHS[path][1])
+    fwd_cfg = norms.fwd_config(*rows.as_rows("x", x).shape, PATHS[path][0])
+    bwd_cfg = norms.bwd_config(*rows.as_rows("x", x).shape, PATHS[path][1])
     y, mean, rstd = norms._forward(x, w, bias, eps, is_rms, fwd_cfg)
     return y, mean, rstd, bias, eps, bwd_cfg
 
@@ -152,6 +152,8 @@ def _bad(**kw):
     ],
 )
 def test_rejects_bad_input(args, err, match):
+    # On the device the kernels run on, so the check under test fires, not the device check.
+    args = {k: v.to(device.DEVICE) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     with pytest.raises(err, match=match):
         norms.layer_norm(**args)
     if "bias" not in match:
@@ -161,6 +163,7 @@ def test_rejects_bad_input(args, err, match):
             norms.rms_norm(**rms_args)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU: Triton's compiled kernels")
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n", [4096, 8192, 20000, 32768, 65536])
@@ -178,3 +181,67 @@ def test_wide_rows_on_gpu(kind, n):
         for out, ref in zip([y, *grads], [y_ref, *grads_ref]):
             rel = ((out.float() - ref).norm() / ref.norm()).item()
             assert rel < 8e-3, (path, rel)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [(1, 1), (5, 123), (1823, 781)])
+def test_public_functions_odd_shapes_fp16(kind, shape):
+    # fp16 through autograd at odd shapes: many rows packed per program, a ragged last program.
+    x, w, b, dy = norms.make_inputs(*shape, torch.float16)
+    leaves = [x.requires_grad_(), w.requires_grad_()] + (
+        [b.requires_grad_()] if kind == "layer_norm" else []
+    )
+    y = getattr(norms, kind)(*leaves)
+    grads = torch.autograd.grad(y, leaves, dy)
+    y_ref, grads_ref = _reference(kind, x, w, b if kind == "layer_norm" else None, dy)
+    torch.testing.assert_close(y, y_ref.half(), rtol=1e-3, atol=2e-3)
+    for i, (g, r) in enumerate(zip(grads, grads_ref)):
+        if shape[-1] == 1 and i == 0:
+            continue  # one column: dx is round-off (see test_forward_and_backward_match_reference)
+        scale = 1 if i == 0 else shape[0] ** 0.5
+        torch.testing.assert_close(g, r.half(), rtol=2e-3, atol=2e-3 * scale)
+
+
+def test_no_autograd_without_grad():
+    x, w, b, _ = norms.make_inputs(3, 40, torch.float32)
+    assert norms.layer_norm(x, w, b).grad_fn is None
+    assert norms.rms_norm(x, w.requires_grad_()).grad_fn is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU")
+def test_rejects_a_cpu_tensor_on_a_gpu_machine():
+    with pytest.raises(ValueError, match="x must be on cuda"):
+        norms.rms_norm(torch.zeros(2, 8), torch.ones(8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU")
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_and_backward_under_cuda_graph_capture(kind):
+    # Training step shapes: fused forward and backward (4096 wide) and the wide paths (70001).
+    cases = []
+    for n_rows, n in ((64, 4096), (3, 70001)):
+        x, w, b, dy = norms.make_inputs(n_rows, n, torch.bfloat16)
+        bias = b.requires_grad_() if kind == "layer_norm" else None
+        leaves = [x.requires_grad_(), w.requires_grad_()] + ([bias] if bias is not None else [])
+        cases.append((leaves, dy))
+
+    def step():
+        return [torch.autograd.grad(getattr(norms, kind)(*lv), lv, dy) for lv, dy in cases]
+
+    step()  # compile and size the grids outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    for leaves, _ in cases:
+        leaves[0].data.normal_()
+    g.replay()
+    torch.cuda.synchronize()
+    for (leaves, dy), grads in zip(cases, out):
+        b = leaves[2] if kind == "layer_norm" else None
+        _, refs = _reference(kind, leaves[0], leaves[1], b, dy)
+        for got, ref in zip(grads, refs):
+            rel = ((got.float() - ref).norm() / ref.norm()).item()
+            assert rel < 8e-3, rel

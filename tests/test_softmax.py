@@ -119,10 +119,13 @@ def test_softmax_empty():
     ],
 )
 def test_softmax_rejects_bad_input(x, kw, err, match):
+    if isinstance(x, torch.Tensor):
+        x = x.to(device.DEVICE)  # so the check under test fires, not the device check
     with pytest.raises(err, match=match):
         softmax.softmax(x, **kw)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU: Triton's compiled kernel")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [4096, 20000, 65536, 70001])
@@ -132,3 +135,192 @@ def test_softmax_wide_rows_on_gpu(dtype, n):
     for mfb in KERNELS.values():
         err = (softmax.softmax(x, max_fused_block=mfb).double() - ref).abs().max().item()
         assert err < (1e-6 if dtype is torch.float32 else 4e-3), (mfb, err)
+
+
+# ----------------------------------------------------------------------------- out of bounds
+
+
+@pytest.fixture
+def guard(monkeypatch):
+    """Fail any interpreted load or store that touches ``forbidden`` memory: the elements of a
+    buffer other than those of the view a kernel was given. ``guard(buffer, view)`` arms it."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    regions = []
+
+    def arm(buffer: torch.Tensor, view: torch.Tensor):
+        es = buffer.element_size()
+        lo, hi = buffer.data_ptr(), buffer.data_ptr() + buffer.numel() * es
+        idx = (
+            torch.arange(buffer.numel())
+            .view(buffer.shape)
+            .as_strided(view.shape, view.stride(), view.storage_offset() - buffer.storage_offset())
+        )
+        regions.append((lo, hi, np.asarray(lo + idx.flatten().numpy() * es, dtype=np.uint64)))
+
+    def check(ptrs, mask, what):
+        active = ptrs.data[mask.data.astype(bool)].astype(np.uint64)
+        for lo, hi, allowed in regions:
+            inside = (active >= lo) & (active < hi)
+            bad = inside & ~np.isin(active, allowed)
+            assert not bad.any(), f"{what} of {int(bad.sum())} element(s) outside the view"
+
+    builder = interpreter.InterpreterBuilder
+    load, store = builder.create_masked_load, builder.create_masked_store
+
+    def guarded_load(self, ptrs, mask, *args):
+        check(ptrs, mask, "load")
+        return load(self, ptrs, mask, *args)
+
+    def guarded_store(self, ptrs, value, mask, *args):
+        check(ptrs, mask, "store")
+        return store(self, ptrs, value, mask, *args)
+
+    monkeypatch.setattr(builder, "create_masked_load", guarded_load)
+    monkeypatch.setattr(builder, "create_masked_store", guarded_store)
+    return arm
+
+
+@pytest.mark.skipif(device.GPU_MODE, reason="watches the interpreter's loads and stores")
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("shape", [(5, 123), (1, 1), (3, 4097)])
+def test_softmax_touches_only_its_rows(guard, kernel, shape):
+    # The input is a window into a larger buffer of poison (NaN): rows above and below it (more
+    # than a program's padding rows), columns left and right. A kernel that reads past the last
+    # row (a missing row clamp) or the last column (a missing mask) trips the guard; a poisoned
+    # value that reached a sum would also turn the output NaN.
+    r, c = shape
+    x = _inputs(shape, torch.float32)
+    buffer = torch.full((r + 40, c + 9), float("nan"))
+    view = buffer[7 : 7 + r, 5 : 5 + c]
+    view.copy_(x)
+    guard(buffer, view)
+    y = softmax.softmax(view, max_fused_block=KERNELS[kernel])
+    torch.testing.assert_close(y, softmax.softmax_ref(x), rtol=1e-5, atol=1e-7)
+    assert buffer[7 : 7 + r, 5 : 5 + c].equal(x)  # the input is untouched
+    assert buffer.isnan().sum() == buffer.numel() - x.numel()  # and so is the poison
+
+
+@pytest.mark.skipif(device.GPU_MODE, reason="watches the interpreter's loads and stores")
+def test_guard_catches_a_read_past_the_last_row(guard):
+    # The guard itself: a view that hides the buffer's last rows from a kernel told they exist.
+    buffer = torch.zeros(8, 16)
+    guard(buffer, buffer[:5])
+    with pytest.raises(Exception, match="outside the view"):
+        softmax._launch(buffer, torch.empty(8, 16), softmax.launch_config(8, 16))
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (5, 123), (1823, 781), (2, 3, 33)])
+def test_softmax_backward_odd_shapes(dtype, rtol, atol, shape):
+    # Against the formula on the same rounded y the kernel reads, in fp32: what the kernel adds is
+    # its own rounding of dx, once.
+    x = _inputs(shape, dtype)
+    dy = _inputs(shape, dtype, scale=1.0)
+    y = softmax.softmax(x)
+    yf, dyf = y.float(), dy.float()
+    ref = (yf * (dyf - (yf * dyf).sum(dim=-1, keepdim=True))).to(dtype)
+    for mfb in (softmax.MAX_FUSED_BLOCK_BWD, 0):
+        dx = softmax._softmax_backward(y, dy, mfb)
+        assert dx.shape == x.shape and dx.dtype == dtype
+        # dy - sum(y * dy) cancels: the absolute error follows the size of y * dy, not of dx.
+        scale = (yf * dyf).abs().max().item()
+        torch.testing.assert_close(dx, ref, rtol=rtol, atol=max(atol, 4 * rtol * scale))
+
+
+def test_softmax_backward_of_an_expanded_gradient():
+    # y.sum().backward() hands the backward an expanded dy (stride 0 everywhere).
+    x = _inputs((4, 300), torch.float32).requires_grad_()
+    softmax.softmax(x).sum().backward()
+    assert x.grad.abs().max() < 1e-6  # the rows of a softmax sum to 1: its gradient is zero
+
+
+def test_softmax_skips_autograd_without_grad():
+    x = _inputs((3, 50), torch.float32)
+    assert softmax.softmax(x).grad_fn is None
+    assert softmax.softmax(x.requires_grad_()).grad_fn is not None
+    with torch.no_grad():
+        assert softmax.softmax(x).grad_fn is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU")
+def test_softmax_under_cuda_graph_capture():
+    x = torch.randn(8, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    wide = torch.randn(3, 70001, device="cuda")
+
+    def step():
+        (dx,) = torch.autograd.grad(softmax.softmax(x), x, dy)
+        return softmax.softmax(wide), dx
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y_wide, dx = step()
+    x.data.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    (ref,) = torch.autograd.grad(torch.softmax(x.float(), -1), x, dy.float())
+    torch.testing.assert_close(dx.float(), ref, rtol=2e-2, atol=1e-3)
+    torch.testing.assert_close(y_wide, torch.softmax(wide, -1), rtol=1e-5, atol=1e-8)
+
+
+# ----------------------------------------------------------------------------- the fast launch
+
+
+def test_launcher_binds_once_then_calls_the_compiled_kernel(monkeypatch):
+    # kernels.rows.Launcher's GPU path, with a stand-in for Triton: the first call of a key goes
+    # through kernel[grid](...), later calls hand every argument (constexprs appended in
+    # signature order) straight to the compiled kernel's launcher.
+    from types import SimpleNamespace
+
+    from kernels import rows
+
+    calls = []
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, *a):
+            if "bad" in a:
+                raise TypeError("launcher refused")
+            calls.append(("fast", a))
+
+    class Fn:
+        params = [SimpleNamespace(name=n, is_constexpr=c) for n, c in
+                  (("x", False), ("n", False), ("BLOCK", True), ("FLAG", True))]  # fmt: skip
+        __name__ = "fake_kernel"
+
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                calls.append(("triton", grid, args, meta))
+                return Compiled()
+
+            return launch
+
+    monkeypatch.setattr(rows.device, "GPU_MODE", True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 7, raising=False)
+    launch = rows.Launcher(Fn())
+    launch(("k",), (3,), ("X", 5), FLAG=True, BLOCK=64, num_warps=4)
+    launch(("k",), (3,), ("X", 5), FLAG=True, BLOCK=64, num_warps=4)
+    launch(("k",), (2, 4), ("Y", 6), FLAG=True, BLOCK=64, num_warps=4)
+    assert calls[0] == ("triton", (3,), ("X", 5), {"FLAG": True, "BLOCK": 64, "num_warps": 4})
+    assert calls[1] == ("fast", (3, 1, 1, 7, "fn", "meta", None, None, None, "X", 5, 64, True))
+    assert calls[2] == ("fast", (2, 4, 1, 7, "fn", "meta", None, None, None, "Y", 6, 64, True))
+    # A launcher that refuses the arguments sends the call back through Triton.
+    launch(("k",), (1,), ("X", "bad"), FLAG=True, BLOCK=64, num_warps=4)
+    assert calls[-1][0] == "triton" and calls[-1][2] == ("X", "bad")
+    # A different key (new sizes, say) goes through Triton first, as Triton may specialise on it.
+    launch(("k2",), (3,), ("X", 5), FLAG=True, BLOCK=64, num_warps=4)
+    assert calls[-1][0] == "triton"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU")
+def test_softmax_rejects_a_cpu_tensor_on_a_gpu_machine():
+    with pytest.raises(ValueError, match="x must be on cuda"):
+        softmax.softmax(torch.zeros(2, 8))

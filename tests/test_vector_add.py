@@ -69,3 +69,26 @@ def test_add_rejects_bad_launch_config(kw):
     x = torch.zeros(8)
     with pytest.raises(ValueError, match=next(iter(kw))):
         vector_add.add(x, x, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU")
+def test_add_rejects_a_cpu_tensor_on_a_gpu_machine():
+    with pytest.raises(ValueError, match="x must be on cuda"):
+        vector_add.add(torch.zeros(4), torch.zeros(4))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU")
+def test_add_under_cuda_graph_capture():
+    x = torch.randn(5000, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn_like(x)
+    vector_add.add(x, y)  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = vector_add.add(x, y)
+    x.normal_()
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, vector_add.add_ref(x, y), rtol=0, atol=0)

@@ -1,0 +1,171 @@
+"""Row-wise kernels' shared launch code: input checks, the row launch plan, a fast Triton launch.
+
+Softmax and the norms (and their backward passes) all treat their input as ``[rows, width]`` and
+launch one of two kernel shapes: whole rows held in registers, several narrow rows to a program, or
+one row per program walked in chunks. This module is the one home of that plan (``row_launch``),
+of the checks that turn any tensor into rows without a copy (``as_rows``, ``check_float``), and of
+``Launcher``, which launches a compiled Triton kernel without Triton's per-call argument binding.
+
+Why the launcher: a model calls a norm on a ``[1, 4096]`` row in a decode step, where the kernel
+runs for 2-3 µs and everything the host does per call is added to it. Triton's
+``kernel[grid](...)`` binds every argument, computes its specialisation key, hashes it and looks
+the binary up on every call; ``Launcher`` does that once per distinct call (the exact sizes,
+strides, dtypes, pointer alignment and meta-parameters) and afterwards hands the arguments straight
+to the compiled kernel's C launcher, as ``torch``'s own ops do.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton import knobs
+
+from kernels import device
+from kernels.launch import next_power_of_2
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_float(name: str, x) -> None:
+    """TypeError naming ``name`` unless ``x`` is an fp32, fp16 or bf16 tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must have dtype in (float32, float16, bfloat16), got {x.dtype}")
+
+
+def as_rows(name: str, x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a 2-D ``[rows, last dim]`` view without copying, or a ValueError naming ``name``.
+
+    The kernels take a row stride, so row-strided inputs (a slice ``x[:, :k]``, an expanded batch)
+    work as they are; the last dimension itself must be contiguous."""
+    if x.ndim == 0:
+        raise ValueError(f"{name} must have at least 1 dimension, got a 0-d tensor")
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must have a contiguous last dimension (stride 1), got strides "
+            f"{tuple(x.stride())}; call .contiguous() first"
+        )
+    if x.ndim == 2:
+        return x
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:
+        raise ValueError(
+            f"{name}'s leading dimensions (shape {tuple(x.shape)}, strides {tuple(x.stride())}) "
+            "cannot be viewed as rows without a copy; call .contiguous() first"
+        ) from None
+
+
+def check_device(name: str, x: torch.Tensor) -> None:
+    """ValueError naming ``name`` unless ``x`` is where the kernels run (the GPU in GPU mode)."""
+    if x.is_cuda != device.GPU_MODE:
+        raise ValueError(f"{name} must be on {device.DEVICE.type}, got a tensor on {x.device}")
+
+
+def row_stride(name: str, x: torch.Tensor) -> tuple[int, int]:
+    """``(rows, row stride)`` of ``x`` seen as ``[rows, last dim]``, without a copy or a view
+    when ``x`` is contiguous (the common case, and the cheapest to ask); a ValueError naming
+    ``name`` when no such view exists. ``x`` must not be empty."""
+    n_cols = x.shape[-1]
+    if x.is_contiguous():
+        return x.numel() // n_cols, n_cols
+    x2 = as_rows(name, x)
+    return x2.shape[0], x2.stride(0)
+
+
+def num_warps_for(block_elems: int) -> int:
+    """Warps for a program holding ``block_elems`` values: 4 up to 2048, 8 up to 8192, else 16.
+
+    More warps means fewer values per thread (registers) and more loads in flight per program."""
+    if block_elems <= 2048:
+        return 4
+    if block_elems <= 8192:
+        return 8
+    return 16
+
+
+def row_launch(
+    n_rows: int, n_cols: int, *, max_fused_block: int, loop_block: int, loop_warps: int, tile: int
+) -> dict:
+    """The launch of a row-wise kernel on ``[n_rows, n_cols]`` (softmax and the norms share it):
+    rows up to ``max_fused_block`` wide are held whole in registers, ``tile // block`` rows per
+    program; wider rows loop over ``loop_block``-wide chunks, one row per program."""
+    block_n = next_power_of_2(n_cols)
+    if block_n > max_fused_block:
+        return dict(
+            kernel="looped",
+            BLOCK_M=1,
+            BLOCK_N=loop_block,
+            num_warps=loop_warps,
+            programs=n_rows,
+        )
+    block_m = min(max(tile // block_n, 1), next_power_of_2(n_rows))
+    return dict(
+        kernel="fused",
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=num_warps_for(block_m * block_n),
+        programs=triton.cdiv(n_rows, block_m),
+    )
+
+
+class Launcher:
+    """Launch a ``@triton.jit`` kernel, skipping Triton's per-call binding once a call was seen.
+
+    ``launcher(key, grid, args, **meta)`` runs ``kernel[grid](*args, **meta)``. ``args`` are the
+    kernel's run-time arguments in signature order, ``meta`` its ``tl.constexpr`` parameters and
+    launch options (``num_warps``). ``key`` must determine everything Triton specialises a binary
+    on: the dtypes of the tensors, the 16-byte alignment of every pointer, the integer arguments
+    (their exact values will do) and ``meta``; the launcher adds the device. The first call of a key
+    goes through Triton (compiling if needed) and keeps the compiled kernel; later calls of that key
+    pass the arguments to its C launcher directly. In the interpreter every call goes through
+    Triton. Returns Triton's compiled kernel (None in the interpreter)."""
+
+    MAX_KEYS = 4096  # distinct calls kept per kernel; past it the cache starts over
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.cache: dict = {}
+
+    def __call__(self, key, grid, args, **meta):
+        if not device.GPU_MODE:
+            return self.fn[grid](*args, **meta)
+        dev = torch.cuda.current_device()
+        hit = self.cache.get((dev, key))
+        # A profiler's launch hooks (Proton, for one) want Triton's own path and its metadata.
+        if hit is None or knobs.runtime.launch_enter_hook.calls:
+            return self._first(dev, key, grid, args, meta)
+        compiled, tail = hit
+        try:
+            compiled.run(
+                grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                torch._C._cuda_getCurrentRawStream(dev), compiled.function,
+                compiled.packed_metadata, None, None, None, *args, *tail,
+            )  # fmt: skip
+        except (TypeError, SystemError):
+            # The C launcher refused the arguments (it parses them before launching anything):
+            # go through Triton, which compiles for them or raises a clear error.
+            del self.cache[(dev, key)]
+            return self._first(dev, key, grid, args, meta)
+        return compiled
+
+    def _first(self, dev, key, grid, args, meta):
+        compiled = self.fn[grid](*args, **meta)
+        # The C launcher takes every parameter in signature order, constexprs included (it skips
+        # them): keep the constexpr values to append after the run-time arguments.
+        params = self.fn.params
+        assert not any(p.is_constexpr for p in params[: len(args)]), (
+            f"{self.fn.__name__}: run-time arguments must precede the constexpr parameters"
+        )
+        tail = tuple(meta[p.name] for p in params[len(args) :])
+        if len(self.cache) >= self.MAX_KEYS:
+            self.cache.clear()
+        self.cache[(dev, key)] = (compiled, tail)
+        return compiled
+
+
+def aligned(t: torch.Tensor) -> bool:
+    """Whether ``t``'s data pointer is 16-byte aligned: Triton compiles a separate binary (with
+    vector loads) for aligned pointers, so a ``Launcher`` key holds this bit for every input."""
+    return t.data_ptr() % 16 == 0

@@ -1,0 +1,447 @@
+"""The shapes sweep: every public kernel against its PyTorch counterpart, at the shapes models use.
+
+The course's other benchmarks time each kernel on tensors big enough to reach the roof. A model
+calls the same kernels on one decode token (a ``[1, 4096]`` row), on a training batch of 65,536
+tokens, through autograd, with transposed weights. This sweep covers that range, one record per
+case, ``bench = "shapes/<op>"``, against the PyTorch call a user would otherwise write (named in
+``baseline``), with ``speedup = baseline_ms / ms`` and the kernel's fraction of its roof: the copy
+bandwidth measured in the same run for memory-bound ops, the measured matmul peak of the dtype for
+matmuls and attention.
+
+Host overhead gets records of its own (``shapes/<op>/host``): the wall time of ``HOST_CALLS``
+back-to-back calls of the smallest shape, divided by the count. The GPU finishes each of those tiny
+kernels faster than the host can launch the next, so the figure is the host's cost per call; the
+baseline is the same loop over the PyTorch op.
+
+A case whose kernel raises is recorded as an error row (``ms`` None, the message in ``error``)
+instead of stopping the sweep. ``python -m kernels.bench --only shapes`` runs it;
+``python -m kernels.shapes --ops softmax_fwd,rms_norm_bwd`` runs a subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kernels import bench, device, norms, roofline, softmax, vector_add
+
+# Token counts a model calls a row-wise op with (decode batches to a long training batch), the
+# hidden sizes of real models, and the widest rows (a vocabulary's logits), at fewer row counts.
+ROWS = [1, 8, 64, 512, 4096, 16384, 65536]
+WIDTHS = [1024, 4096, 8192]
+WIDE, WIDE_ROWS = 65536, [1, 64, 4096]
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+# No input tensor above this: 65,536 x 8,192 fp32 is 2 GiB, and a backward case holds five such.
+MAX_TENSOR_BYTES = 2**31
+# Matmul: decode to prefill token counts x (K, N) of real models' projections (Llama-3-8B's
+# attention and MLP, Llama-3-70B's MLP), then odd sizes (M, K, N) no tile divides.
+MATMUL_M = [1, 8, 64, 512, 4096]
+MATMUL_KN = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]
+MATMUL_ODD = [(4000, 3000, 5000), (1000, 4096, 11008)]
+# Attention: head dims x sequence lengths; the batch makes every case ATTN_ROWS query rows.
+ATTN_HEAD_DIMS = [64, 128]
+ATTN_SEQS = [512, 2048, 8192]
+ATTN_HEADS = 16
+ATTN_ROWS = 16 * 16384  # batch x heads x sequence
+# Paged decode (sequences, tokens each), quantized GEMV (M, N, K), megakernel (M, D, layers).
+PAGED = [(1, 1024), (16, 1024), (64, 4096)]
+GEMV = [(1, 4096, 4096), (1, 14336, 4096), (8, 4096, 4096)]
+MEGA = [(1, 1024, 8), (8, 4096, 8)]
+HOST_CALLS = 200
+# Per-measurement time: enough repetitions for a stable median of a µs kernel, short enough that
+# the sweep of ~600 cases runs in minutes.
+TIMING = dict(warmup_ms=10, rep_ms=40)
+
+
+@dataclass
+class Case:
+    """One comparison: ``setup()`` builds the inputs and returns ``(ours, theirs)``, two
+    zero-argument callables; ``bytes`` or ``flops`` is the minimum work of one call."""
+
+    op: str
+    shape: list
+    dtype: torch.dtype
+    baseline: str
+    setup: Callable[[], tuple[Callable, Callable]]
+    bytes: int | None = None
+    flops: int | None = None
+    roof: str = "copy"  # or "matmul"
+
+
+def _fits(*shape_dtype) -> bool:
+    rows, cols, dtype = shape_dtype
+    return rows * cols * dtype.itemsize <= MAX_TENSOR_BYTES
+
+
+def _randn(*shape, dtype, scale=1.0):
+    return torch.randn(*shape, device=device.DEVICE, dtype=dtype) * scale
+
+
+def _grad_call(f: Callable, leaves: list, dy: torch.Tensor) -> Callable:
+    """The backward of ``f`` alone: one forward kept, its graph walked again on every call."""
+    for t in leaves:
+        t.requires_grad_()
+    y = f()
+    return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
+
+
+# ----------------------------------------------------------------------------- the cases
+
+
+def _row_cases(rows_list, widths, dtypes) -> Iterator[Case]:
+    for dtype in dtypes:
+        for w in widths:
+            for r in rows_list:
+                if not _fits(r, w, dtype):
+                    continue
+                yield from _softmax_cases(r, w, dtype)
+                yield from _norm_cases(r, w, dtype)
+
+
+def _softmax_cases(r: int, w: int, dtype: torch.dtype) -> Iterator[Case]:
+    nbytes = r * w * dtype.itemsize
+
+    def fwd():
+        x = _randn(r, w, dtype=dtype, scale=4.0)
+        return lambda: softmax.softmax(x), lambda: torch.softmax(x, dim=-1)
+
+    def bwd():
+        x, dy = _randn(r, w, dtype=dtype, scale=4.0), _randn(r, w, dtype=dtype)
+        ours = _grad_call(lambda: softmax.softmax(x), [x], dy)
+        return ours, _grad_call(lambda: torch.softmax(x, dim=-1), [x], dy)
+
+    yield Case("softmax_fwd", [r, w], dtype, "torch.softmax", fwd, bytes=2 * nbytes)
+    yield Case("softmax_bwd", [r, w], dtype, "torch.softmax backward", bwd, bytes=3 * nbytes)
+
+
+def _norm_cases(r: int, w: int, dtype: torch.dtype) -> Iterator[Case]:
+    nbytes = r * w * dtype.itemsize
+    for kind in ("rms_norm", "layer_norm"):
+        fn = getattr(torch.nn.functional, kind)
+        baseline = f"torch.nn.functional.{kind}"
+
+        def inputs(kind=kind):
+            x, wt, b, dy = norms.make_inputs(r, w, dtype)
+            return x, wt, (b if kind == "layer_norm" else None), dy
+
+        def ours_theirs(x, wt, b, kind=kind, fn=fn):
+            if kind == "rms_norm":
+                return lambda: norms.rms_norm(x, wt), lambda: fn(x, (w,), wt, 1e-6)
+            return lambda: norms.layer_norm(x, wt, b), lambda: fn(x, (w,), wt, b, 1e-5)
+
+        def fwd(inputs=inputs, ours_theirs=ours_theirs):
+            x, wt, b, _ = inputs()
+            return ours_theirs(x, wt, b)
+
+        def bwd(inputs=inputs, ours_theirs=ours_theirs):
+            x, wt, b, dy = inputs()
+            leaves = [t for t in (x, wt, b) if t is not None]
+            ours, theirs = ours_theirs(x, wt, b)
+            return _grad_call(ours, leaves, dy), _grad_call(theirs, leaves, dy)
+
+        yield Case(f"{kind}_fwd", [r, w], dtype, baseline, fwd, bytes=2 * nbytes)
+        yield Case(f"{kind}_bwd", [r, w], dtype, f"{baseline} backward", bwd, bytes=3 * nbytes)
+
+
+def _add_cases(sizes, dtypes) -> Iterator[Case]:
+    for dtype in dtypes:
+        for n in sizes:
+
+            def setup(n=n, dtype=dtype):
+                x, y = _randn(n, dtype=dtype), _randn(n, dtype=dtype)
+                return lambda: vector_add.add(x, y), lambda: torch.add(x, y)
+
+            yield Case("add", [n], dtype, "torch.add", setup, bytes=3 * n * dtype.itemsize)
+
+
+def _matmul_cases(mkn, dtypes) -> Iterator[Case]:
+    from kernels import matmul
+
+    for dtype in dtypes:
+        for m, k, n in mkn:
+
+            def setup(m=m, k=k, n=n, dtype=dtype):
+                # A model's linear layer: activations [M, K] times a weight stored [N, K].
+                x, w = _randn(m, k, dtype=dtype), _randn(n, k, dtype=dtype, scale=k**-0.5)
+                return lambda: matmul.matmul(x, w.t()), lambda: torch.matmul(x, w.t())
+
+            yield Case("matmul", [m, k, n], dtype, "torch.matmul (w.t())", setup,
+                       flops=2 * m * k * n, roof="matmul")  # fmt: skip
+
+
+def _attention_cases(head_dims, seqs, dtypes, heads=16, total_rows=None) -> Iterator[Case]:
+    from kernels import flash_attention
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for dtype in dtypes:
+        for d in head_dims:
+            for n in seqs:
+                for causal in (False, True):
+                    b = max(1, (total_rows or 0) // (n * heads))
+                    shape = [b, heads, n, d]
+                    flops = 4 * b * heads * n * n * d // (2 if causal else 1)
+
+                    def fwd(shape=shape, causal=causal, dtype=dtype):
+                        q, k, v = (_randn(*shape, dtype=dtype) for _ in range(3))
+                        ours = lambda: flash_attention.attention(q, k, v, causal=causal)  # noqa: E731
+                        return ours, lambda: sdpa(q, k, v, is_causal=causal)
+
+                    def bwd(shape=shape, causal=causal, dtype=dtype):
+                        q, k, v = (_randn(*shape, dtype=dtype) for _ in range(3))
+                        dy = _randn(*shape, dtype=dtype)
+                        ours = _grad_call(
+                            lambda: flash_attention.attention(q, k, v, causal=causal), [q, k, v], dy
+                        )
+                        return ours, _grad_call(
+                            lambda: sdpa(q, k, v, is_causal=causal), [q, k, v], dy
+                        )
+
+                    op = "attention_causal" if causal else "attention"
+                    base = f"scaled_dot_product_attention(is_causal={causal})"
+                    yield Case(f"{op}_fwd", shape, dtype, base, fwd, flops=flops, roof="matmul")
+                    # The backward does 2.5 times the forward's matmul work (five matmuls to two).
+                    yield Case(f"{op}_bwd", shape, dtype, f"{base} backward", bwd,
+                               flops=flops * 5 // 2, roof="matmul")  # fmt: skip
+
+
+def _paged_cases(cases, dtype, head_dim, n_heads, n_kv, block) -> Iterator[Case]:
+    from kernels import paged_attention as pa
+
+    for batch, seq in cases:
+
+        def setup(batch=batch, seq=seq):
+            q, k, v, kc, vc, table, lens = pa.decode_case(
+                batch, seq, n_heads=n_heads, n_kv=n_kv, head_dim=head_dim, block_size=block,
+                dtype=dtype,
+            )  # fmt: skip
+            return lambda: pa.paged_decode(q, kc, vc, table, lens), lambda: pa.sdpa_decode(q, k, v)
+
+        nbytes = pa.kv_read_bytes([seq] * batch, n_kv, head_dim, dtype)
+        yield Case("paged_decode", [batch, n_heads, seq, head_dim], dtype,
+                   "scaled_dot_product_attention (contiguous cache)", setup, bytes=nbytes)  # fmt: skip
+
+
+def _gemv_cases(cases, dtype) -> Iterator[Case]:
+    from kernels import quant
+
+    for m, n, k in cases:
+        for bits in (4, 8):
+
+            def setup(m=m, n=n, k=k, bits=bits):
+                w = _randn(n, k, dtype=dtype, scale=k**-0.5)
+                qw, x = quant.quantize(w, bits, 128), _randn(m, k, dtype=dtype)
+                w16 = quant.dequantize(qw, dtype)
+                return lambda: quant.gemv(x, qw), lambda: torch.matmul(x, w16.t())
+
+            yield Case(f"gemv_int{bits}", [m, n, k], dtype, "torch.matmul (16-bit weight)", setup,
+                       bytes=quant.gemv_bytes(m, n, k, bits, 128))  # fmt: skip
+
+
+def _megakernel_cases(cases, dtype) -> Iterator[Case]:
+    from kernels import megakernel as mk
+
+    for m, d, layers in cases:
+
+        def setup(m=m, d=d, layers=layers):
+            w, b = mk.make_weights(layers, d, dtype=dtype)
+            x = _randn(m, d, dtype=dtype)
+            return lambda: mk.fused_mlp_stack(x, w, b), lambda: mk.mlp_stack_eager(x, w, b)
+
+        yield Case("fused_mlp_stack", [m, d, layers], dtype, "mlp_stack_eager (F.linear, relu)",
+                   setup, bytes=mk.weight_bytes(layers, d, dtype))  # fmt: skip
+
+
+def cases(quick: bool) -> list[Case]:
+    """Every case of the sweep; ``quick`` (and the CPU interpreter): one tiny shape per op."""
+    low = device.preferred_dtype(torch.bfloat16)
+    if quick:
+        dtypes = [torch.float32] if not device.GPU_MODE else [low]
+        out = list(_add_cases([1000], dtypes))
+        out += list(_row_cases([5], [123], dtypes))
+        out += list(_matmul_cases([(8, 64, 48)], [low]))
+        out += list(_attention_cases([64], [16], [low], heads=1))
+        out += list(_paged_cases([(2, 48)], low, head_dim=64, n_heads=4, n_kv=2, block=16))
+        out += list(_gemv_cases([(1, 64, 128)], low))
+        out += list(_megakernel_cases([(1, 64, 2)], low))
+        return out
+    out = list(_add_cases([2**10, 2**16, 2**20, 2**24, 2**28], DTYPES))
+    out += list(_row_cases(ROWS, WIDTHS, DTYPES))
+    out += list(_row_cases(WIDE_ROWS, [WIDE], DTYPES))
+    mkn = [(m, k, n) for m in MATMUL_M for k, n in MATMUL_KN] + MATMUL_ODD
+    out += list(_matmul_cases(mkn, [torch.bfloat16, torch.float16]))
+    out += list(
+        _attention_cases(ATTN_HEAD_DIMS, ATTN_SEQS, [torch.bfloat16], ATTN_HEADS, ATTN_ROWS)
+    )
+    out += list(_paged_cases(PAGED, torch.bfloat16, head_dim=128, n_heads=32, n_kv=8, block=16))
+    out += list(_gemv_cases(GEMV, torch.bfloat16))
+    out += list(_megakernel_cases(MEGA, torch.bfloat16))
+    return out
+
+
+# ----------------------------------------------------------------------------- running
+
+
+class Roofs:
+    """The ceilings, measured once per run: copy bandwidth and the matmul peak of each dtype."""
+
+    def __init__(self):
+        self.copy = roofline.copy_bandwidth().value
+        self._peaks: dict = {}
+
+    def __call__(self, case: Case) -> tuple[str, float]:
+        if case.roof == "copy":
+            return "copy", self.copy
+        name = str(case.dtype).replace("torch.", "")
+        if name not in self._peaks:
+            self._peaks[name] = roofline.matmul_peak(name).value
+        return f"matmul_{name}", self._peaks[name]
+
+
+def error_record(case: Case, err: BaseException) -> dict:
+    """The row of a case that raised: the record's fields with no timings, and the error."""
+    cap, v = device.capabilities(), device.versions()
+    rec = dict.fromkeys(
+        ["bench", "variant", "shape", "dtype", "ms", "gbps", "tflops", "baseline", "baseline_ms",
+         "speedup", "ceiling", "ceiling_frac"],
+    )  # fmt: skip
+    rec |= dict(bench=f"shapes/{case.op}", variant="triton", shape=list(case.shape))
+    rec |= dict(dtype=str(case.dtype).replace("torch.", ""), baseline=case.baseline)
+    rec |= dict(gpu=cap.name, torch=v["torch"], triton=v["triton"], cuda=v["cuda"])
+    rec["date"] = datetime.date.today().isoformat()
+    rec["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
+    return rec
+
+
+def run_case(case: Case, roofs: Roofs) -> dict:
+    """Time one case (ours, then the baseline) into a record; an error row if anything raises."""
+    try:
+        ours, theirs = case.setup()
+        work = dict(bytes=case.bytes, flops=case.flops)
+        m = bench.measure(ours, **work, **TIMING)
+        base = bench.measure(theirs, **work, **TIMING)
+        return bench.record(f"shapes/{case.op}", "triton", case.shape, case.dtype, m,
+                            baseline=(case.baseline, base), ceiling=roofs(case))  # fmt: skip
+    except Exception as e:  # noqa: BLE001  (any failure becomes the case's error row)
+        return error_record(case, e)
+    finally:
+        ours = theirs = None
+        gc.collect()
+        if device.GPU_MODE:
+            torch.cuda.empty_cache()
+
+
+def host_time(fn: Callable, calls: int | None = None) -> bench.Measurement:
+    """Host time per call of ``fn``: ``calls`` back-to-back calls, wall time over the count (the
+    median of 5 such loops). On a GPU, kernels this small finish before the next launch, so this
+    is what the host spends per call."""
+    calls = calls or device.pick(HOST_CALLS, 2)
+    fn()
+    if device.GPU_MODE:
+        torch.cuda.synchronize()
+    loops = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if device.GPU_MODE:
+            torch.cuda.synchronize()
+        loops.append((time.perf_counter() - t0) * 1e3 / calls)
+    ms = sorted(loops)[2]
+    return bench.Measurement(ms, min(loops), max(loops), None, None, device.GPU_MODE)
+
+
+def host_cases(quick: bool) -> list[Case]:
+    """The smallest shape of each row-wise op and of vector add, for ``host_time``."""
+    dtype = device.preferred_dtype(torch.bfloat16)
+    w = 123 if quick else 4096
+    out = list(_add_cases([1000 if quick else 4096], [dtype]))
+    return out + list(_row_cases([1], [w], [dtype]))
+
+
+def host_records(quick: bool) -> list[dict]:
+    recs = []
+    for case in host_cases(quick):
+        try:
+            ours, theirs = case.setup()
+            m, base = host_time(ours), host_time(theirs)
+            recs.append(bench.record(f"shapes/{case.op}/host", "triton", case.shape, case.dtype,
+                                     m, baseline=(case.baseline, base)))  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            recs.append(error_record(dataclasses.replace(case, op=f"{case.op}/host"), e))
+    return recs
+
+
+def run(
+    quick: bool,
+    ops: set[str] | None = None,
+    *,
+    dtypes: set[str] | None = None,
+    progress: bool = False,
+    sink: Callable[[dict], object] | None = None,
+) -> list[dict]:
+    """The sweep's records (only the ``ops`` and ``dtypes`` named, if given), host-time records
+    first; ``sink`` receives each record as it is made (a long sweep cut short keeps its rows)."""
+    roofs = Roofs()
+    recs = [r for r in host_records(quick) if ops is None or r["bench"].split("/")[1] in ops]
+    for rec in recs:
+        if sink:
+            sink(rec)
+    for case in cases(quick):
+        if ops is not None and case.op not in ops:
+            continue
+        if dtypes is not None and str(case.dtype).replace("torch.", "") not in dtypes:
+            continue
+        rec = run_case(case, roofs)
+        if sink:
+            sink(rec)
+        if progress:
+            speed = rec["speedup"]
+            print(f"{rec['bench']:28s} {str(rec['shape']):24s} {rec['dtype']:9s} "
+                  f"{'ERROR ' + rec['error'] if 'error' in rec else f'{speed}x'}", flush=True)  # fmt: skip
+        recs.append(rec)
+    return recs
+
+
+@bench.register("shapes")
+def _bench_shapes(quick: bool) -> list[dict]:
+    return run(quick)
+
+
+def slowest(records: list[dict]) -> dict | None:
+    """The timed case with the lowest speed-up against its baseline."""
+    timed = [r for r in records if r.get("speedup") is not None]
+    return min(timed, key=lambda r: r["speedup"]) if timed else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kernels.shapes", description=__doc__.split("\n")[0])
+    p.add_argument("--ops", help="comma-separated ops (softmax_fwd, rms_norm_bwd, matmul, ...)")
+    p.add_argument("--dtypes", help="comma-separated dtypes (float16, bfloat16, float32)")
+    p.add_argument("--quick", action="store_true", help="one tiny shape per op")
+    p.add_argument("--out", help="append the records to this JSONL file instead of results/")
+    args = p.parse_args(argv)
+    ops = set(args.ops.split(",")) if args.ops else None
+    dtypes = set(args.dtypes.split(",")) if args.dtypes else None
+    print(device.describe(), flush=True)
+    out = Path(args.out) if args.out else bench.results_path()
+    sink = (lambda r: bench.append_records([r], out)) if device.GPU_MODE else None
+    recs = run(args.quick or not device.GPU_MODE, ops, dtypes=dtypes, progress=True, sink=sink)
+    print(bench.format_table(recs))
+    worst = slowest(recs)
+    if worst:
+        print(f"slowest: {worst['bench']} {worst['shape']} {worst['dtype']} {worst['speedup']}x")
+    if device.GPU_MODE:
+        print(f"appended {len(recs)} records to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

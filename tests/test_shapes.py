@@ -1,0 +1,96 @@
+"""The shapes sweep (kernels/shapes.py) end to end on its quick subset: every op, well-formed
+records, ratios that follow from the timings, and failures recorded instead of raised."""
+
+import pytest
+import torch
+
+from kernels import bench, shapes
+
+FIELDS = [
+    "bench", "variant", "shape", "dtype", "ms", "gbps", "tflops", "baseline", "baseline_ms",
+    "speedup", "ceiling", "ceiling_frac", "gpu", "torch", "triton", "cuda", "date",
+]  # fmt: skip
+# Every public kernel the sweep must cover, and the ones this package's row-wise code owns (these
+# must never produce an error row).
+OPS = {
+    "add", "softmax_fwd", "softmax_bwd", "rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd",
+    "layer_norm_bwd", "matmul", "attention_fwd", "attention_bwd", "attention_causal_fwd",
+    "attention_causal_bwd", "paged_decode", "gemv_int4", "gemv_int8", "fused_mlp_stack",
+}  # fmt: skip
+ROW_OPS = {"add", "softmax_fwd", "softmax_bwd", "rms_norm_fwd", "rms_norm_bwd"}
+ROW_OPS |= {"layer_norm_fwd", "layer_norm_bwd"}
+
+
+@pytest.fixture(scope="module")
+def records():
+    return shapes.run(quick=True)
+
+
+def _op(rec):
+    return rec["bench"].split("/", 1)[1]
+
+
+def test_every_op_has_a_case_and_a_record(records):
+    assert {c.op for c in shapes.cases(quick=True)} == OPS
+    assert {c.op for c in shapes.cases(quick=False)} == OPS
+    assert {_op(r) for r in records} == OPS | {f"{op}/host" for op in ROW_OPS}
+
+
+def test_records_are_well_formed(records):
+    for r in records:
+        if "error" in r:
+            assert list(r) == FIELDS + ["error"] and r["ms"] is None and r["error"]
+            continue
+        assert list(r) == FIELDS, r
+        assert r["bench"].startswith("shapes/") and r["variant"] == "triton"
+        assert (
+            r["ms"] > 0 and r["baseline_ms"] > 0 and r["baseline"].startswith(("torch", "s", "m"))
+        )
+        assert r["speedup"] == pytest.approx(r["baseline_ms"] / r["ms"], rel=1e-2, abs=1e-3)
+        if r["bench"].endswith("/host"):
+            assert r["ceiling"] is None and r["shape"][0] in (1, 1000)
+        else:
+            assert r["ceiling"] == "copy" or r["ceiling"].startswith("matmul_")
+            assert 0 < r["ceiling_frac"] < 1.5, r
+
+
+def test_row_ops_never_error(records):
+    errors = [r for r in records if "error" in r and _op(r).split("/")[0] in ROW_OPS]
+    assert errors == []
+
+
+def test_full_sweep_covers_the_shapes_models_use():
+    full = shapes.cases(quick=False)
+    rows = {c.shape[0] for c in full if c.op == "rms_norm_bwd"}
+    assert rows == set(shapes.ROWS)
+    assert {c.shape[1] for c in full if c.op == "softmax_fwd"} == {1024, 4096, 8192, 65536}
+    assert {c.dtype for c in full if c.op == "layer_norm_fwd"} == set(shapes.DTYPES)
+    mm = {tuple(c.shape) for c in full if c.op == "matmul"}
+    assert (4000, 3000, 5000) in mm and (1000, 4096, 11008) in mm and (1, 8192, 28672) in mm
+    for c in full:
+        if c.op in ROW_OPS - {"add"}:  # no tensor above the cap
+            assert c.shape[0] * c.shape[1] * c.dtype.itemsize <= shapes.MAX_TENSOR_BYTES
+
+
+def test_a_raising_case_becomes_an_error_row():
+    def setup():
+        raise RuntimeError("kernel exploded\nsecond line")
+
+    case = shapes.Case("boom", [3, 4], torch.float16, "torch.boom", setup, bytes=1)
+    rec = shapes.run_case(case, roofs=None)
+    assert rec["bench"] == "shapes/boom" and rec["ms"] is None
+    assert rec["error"] == "RuntimeError: kernel exploded"
+    assert list(rec) == FIELDS + ["error"]
+
+
+def test_registered_in_the_bench_cli():
+    import importlib
+
+    for mod in bench.BENCH_MODULES:
+        importlib.import_module(mod)
+    assert bench.BENCHMARKS["shapes"] is shapes._bench_shapes
+
+
+def test_slowest_is_the_lowest_speedup():
+    recs = [{"speedup": 2.0}, {"speedup": 0.5, "bench": "x"}, {"speedup": None, "error": "e"}]
+    assert shapes.slowest(recs) == recs[1]
