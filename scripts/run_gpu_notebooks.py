@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
     p.add_argument("--no-bench", action="store_true", help="skip python -m kernels.bench")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="after a notebook fails, report it and run the rest (the failed one is left unchanged)",
+    )
     args = p.parse_args(argv)
 
     import torch
@@ -51,9 +56,19 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: the committed outputs must come from a GPU run; stopping.")
         return 2
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    failed = []
     for path in paths:
         print(f"executing {path} ...", flush=True)
-        print(f"  done in {execute(path.resolve(), args.timeout):.0f} s", flush=True)
+        try:
+            print(f"  done in {execute(path.resolve(), args.timeout):.0f} s", flush=True)
+        except Exception as e:  # nbclient's CellExecutionError carries the cell and traceback
+            if not args.keep_going:
+                raise
+            print(f"  FAILED ({type(e).__name__}); left unchanged:\n{str(e)[-3000:]}", flush=True)
+            failed.append(path.name)
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+        return 1
     if not args.no_bench:
         subprocess.run([sys.executable, "-m", "kernels.bench"], cwd=ROOT, check=True)
     return 0
