@@ -2,5 +2,25 @@ import os
 
 # Kernel tests run in Triton's interpreter on machines without a GPU; importing kernels sets it up.
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+# Debug mode: launchers also run the checks that read tensor values (block ids, sequence lengths,
+# barrier timeouts), which would cost a host sync per call outside tests (kernels/_validate.py).
+os.environ["GPU_BRRR_DEBUG"] = "1"
+
+import torch  # noqa: E402
 
 import kernels  # noqa: E402,F401
+from kernels import _validate  # noqa: E402
+
+_validate.debug(True)
+
+GUARD = 4096  # elements of poison on each side of a guarded tensor
+
+
+def guarded(t: torch.Tensor, fill: float = float("nan")) -> torch.Tensor:
+    """A contiguous copy of ``t`` that lives inside a larger buffer whose other elements are
+    ``fill`` (NaN, or a huge value for integer tensors): a kernel that reads one element before
+    or after ``t`` (a dropped mask, an off-by-one) sees poison, and its result changes."""
+    buf = torch.full((2 * GUARD + t.numel(),), fill, dtype=t.dtype, device=t.device)
+    view = buf[GUARD : GUARD + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view

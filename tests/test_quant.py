@@ -180,9 +180,10 @@ def test_default_path_falls_back_when_the_cuda_build_fails(monkeypatch):
     def broken():
         raise RuntimeError("Error building extension 'gpu_brrr_int4_gemv_mma'")
 
-    monkeypatch.setattr(quant, "_int4_mma_misfit", lambda x2, qw: None)
-    monkeypatch.setattr(quant, "int4_mma_unavailable", lambda: None)
-    monkeypatch.setattr(quant, "_int4_mma_module", broken)
+    # gemv looks these up in kernels.quant.cuda_int4, their one home.
+    monkeypatch.setattr(quant.cuda_int4, "_int4_mma_misfit", lambda x2, qw: None)
+    monkeypatch.setattr(quant.cuda_int4, "int4_mma_unavailable", lambda: None)
+    monkeypatch.setattr(quant.cuda_int4, "_int4_mma_module", broken)
     quant._int4_mma_build_error.cache_clear()
     try:
         with pytest.warns(UserWarning, match="using Triton"):
@@ -234,25 +235,62 @@ def test_gemv_writes_every_output():
     assert torch.isfinite(quant.gemv(x, qw)).all()
 
 
-_QW = quant.quantize(torch.randn(8, 64), 4, 32)
-
-
 @pytest.mark.parametrize(
     "x, qw, kw, err, match",
     [
         (torch.zeros(2, 64, dtype=torch.float16), "w", {}, TypeError, "qw must be a QuantizedWeight"),
-        (torch.zeros(2, 64), _QW, {}, TypeError, "x must have dtype"),
-        (torch.zeros(2, 32, dtype=torch.float16), _QW, {}, ValueError, "K = 32"),
-        (torch.zeros(2, 2, 64, dtype=torch.float16), _QW, {}, ValueError, "x must be 1-D"),
-        (torch.zeros(64, 2, dtype=torch.float16).t(), _QW, {}, ValueError, "x must be contiguous"),
-        (torch.zeros(8, 64, dtype=torch.float16), _QW, {"path": "gemv"}, ValueError, "at most 4 rows"),
-        (torch.zeros(2, 64, dtype=torch.float16), _QW, {"path": "cublas"}, ValueError, "path must be"),
-        (torch.zeros(2, 64, dtype=torch.float16), _QW, {"split_k": 3}, ValueError, "split_k must be"),
+        (torch.zeros(2, 64), None, {}, TypeError, "x must have dtype"),
+        (torch.zeros(2, 32, dtype=torch.float16), None, {}, ValueError, "K = 32"),
+        (torch.zeros(2, 2, 64, dtype=torch.float16), None, {}, ValueError, "x must be 1-D"),
+        (torch.zeros(64, 2, dtype=torch.float16).t(), None, {}, ValueError, "x must be contiguous"),
+        (torch.zeros(8, 64, dtype=torch.float16), None, {"path": "gemv"}, ValueError, "at most 4 rows"),
+        (torch.zeros(2, 64, dtype=torch.float16), None, {"path": "cublas"}, ValueError, "path must be"),
+        (torch.zeros(2, 64, dtype=torch.float16), None, {"split_k": 3}, ValueError, "split_k must be"),
     ],
 )  # fmt: skip
 def test_gemv_rejects_bad_input(x, qw, kw, err, match):
+    # qw=None: a valid weight built here, on x's device, so that only the named fault is wrong
+    # (a weight built at import on the CPU would trip the device check first on a GPU).
+    if qw is None:
+        qw = quant.quantize(torch.randn(8, 64, device=DEV), 4, 32)
     with pytest.raises(err, match=match):
         quant.gemv(x.to(DEV), qw, **kw)
+
+
+def test_gemv_rejects_a_weight_on_another_device():
+    qw = quant.quantize(torch.randn(8, 64), 4, 32)  # on the CPU
+    x = torch.zeros(2, 64, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match="one device"):
+        quant.gemv(x, qw)
+
+
+def _fields(qw, **change):
+    f = dict(data=qw.data, scales=qw.scales, bits=qw.bits, group_size=qw.group_size, shape=qw.shape)
+    return {**f, **change}
+
+
+@pytest.mark.parametrize(
+    "change, err, match",
+    [
+        (lambda q: {"data": q.data.to(torch.int8)}, TypeError, "data must have dtype"),
+        (lambda q: {"data": q.data[:, :16].contiguous()}, ValueError, "data of an int4"),
+        (lambda q: {"data": q.data.t().contiguous().t()}, ValueError, "data must be contiguous"),
+        (lambda q: {"scales": q.scales.float()}, TypeError, "scales must have dtype"),
+        (lambda q: {"scales": q.scales[:, :1].contiguous()}, ValueError, "scales must be"),
+        (lambda q: {"bits": 3}, ValueError, "bits must be 4 or 8"),
+        (lambda q: {"bits": 8}, TypeError, "data must have dtype"),
+        (lambda q: {"group_size": 48}, ValueError, "group_size must"),
+        (lambda q: {"group_size": 32.0}, ValueError, "group_size must be an int"),
+        (lambda q: {"shape": (8, 65)}, ValueError, "int4 packs two values a byte"),
+        (lambda q: {"shape": [8, 64]}, ValueError, "shape must be a tuple"),
+        (lambda q: {"shape": (0, 64)}, ValueError, "shape must be a tuple"),
+    ],
+)
+def test_quantized_weight_checks_its_fields(change, err, match):
+    qw = quant.quantize(torch.randn(8, 64), 4, 32)
+    with pytest.raises(err, match=match):
+        quant.QuantizedWeight(**_fields(qw, **change(qw)))
+    assert quant.QuantizedWeight(**_fields(qw)).shape == (8, 64)  # the valid one builds
 
 
 def test_max_block_k():
