@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, roofline
+from kernels import _validate, bench, device, roofline, sdpa
 from kernels.launch import next_power_of_2, sm_count
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -481,19 +481,8 @@ def sdpa_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str 
     """The baseline: PyTorch SDPA on a contiguous cache, ``q: [n_seqs, n_heads, d]``, ``k, v:
     [n_seqs, n_kv_heads, seq, d]``, GQA through ``enable_gqa`` (no copy of k and v).
     ``backend``: None (PyTorch's choice) or 'flash', 'efficient', 'cudnn', 'math'."""
-    f = torch.nn.functional.scaled_dot_product_attention
-    q4 = q.unsqueeze(2)
     gqa = q.shape[1] != k.shape[1]
-
-    def run():
-        return f(q4, k, v, enable_gqa=gqa).squeeze(2)
-
-    if backend is None:
-        return run()
-    from kernels.flash_attention import sdpa_backend
-
-    with sdpa_backend(backend):
-        return run()
+    return sdpa.sdpa(q.unsqueeze(2), k, v, backend=backend, enable_gqa=gqa).squeeze(2)
 
 
 def kv_read_bytes(seq_lens, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -714,20 +703,11 @@ COMPILE_SPECS = [
 
 def sdpa_backends(dtype: torch.dtype = torch.bfloat16, n_heads: int = 32, n_kv: int = 8) -> list:
     """The SDPA backends that run a GQA decode (one query, ``enable_gqa``) on this machine."""
-    import warnings
-
-    ok = []
-    q = torch.randn(1, n_heads, 128, device=device.DEVICE, dtype=dtype)
-    k = torch.randn(1, n_kv, 256, 128, device=device.DEVICE, dtype=dtype)
-    for backend in ("flash", "efficient", "cudnn", "math"):
-        try:
-            with warnings.catch_warnings():  # a backend that declines explains why in a warning
-                warnings.simplefilter("ignore")
-                sdpa_decode(q, k, k, backend)
-            ok.append(backend)
-        except (RuntimeError, AttributeError, ValueError):
-            pass
-    return ok
+    return [
+        b
+        for b in ("flash", "efficient", "cudnn", "math")
+        if sdpa.available(b, dtype, 128, n_heads=n_heads, n_kv_heads=n_kv, n_q=1)
+    ]
 
 
 def decode_case(

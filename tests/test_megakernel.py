@@ -75,6 +75,20 @@ def test_barrier_words_return_to_rest():
     assert after["generation"] == before["generation"] + 3 * (n_layers - 1)
 
 
+def test_barrier_timeout_raises_in_debug_mode(monkeypatch):
+    """A program that gives up at a barrier must not go unnoticed: with a poll budget of zero
+    every wait gives up at once, the timeout word is set and the launch raises (debug mode is on
+    in the tests; on the CPU the check is always on). The word is cleared for the next launch."""
+    x, w, b = _case(3, 1, 32, torch.float32)
+    monkeypatch.setattr(megakernel, "MAX_POLLS", 0)
+    with pytest.raises(RuntimeError, match="timed out at a grid barrier"):
+        megakernel.fused_mlp_stack(x, w, b, persistent=True, max_programs=1)
+    monkeypatch.undo()
+    assert not megakernel.barrier_timeouts()
+    out = megakernel.fused_mlp_stack(x, w, b, persistent=True, max_programs=1)
+    torch.testing.assert_close(out, megakernel.mlp_stack_ref(x, w, b, round_each_layer=True))
+
+
 def test_no_bias_and_no_activation():
     x, w, _ = _case(3, 2, 48, torch.float32, bias=False)
     kw = {} if device.GPU_MODE else {"max_programs": 2}

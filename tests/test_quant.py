@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import guarded
 
 from kernels import device, quant
 
@@ -291,6 +292,23 @@ def test_quantized_weight_checks_its_fields(change, err, match):
     with pytest.raises(err, match=match):
         quant.QuantizedWeight(**_fields(qw, **change(qw)))
     assert quant.QuantizedWeight(**_fields(qw)).shape == (8, 64)  # the valid one builds
+
+
+@pytest.mark.parametrize("split", [None, 2])
+@pytest.mark.parametrize("path", ["gemv", "mma"])
+@pytest.mark.parametrize("bits, group", [(4, 32), (8, None)])
+def test_reads_nothing_outside_its_inputs(bits, group, path, split):
+    """Out-of-bounds detection: x, the packed weight and the scales inside poisoned buffers (NaN
+    activations and scales, all-ones weight bytes), at a width N and a depth K off every tile.
+    A kernel that reads past a row of x, a row of the weight or the scale table sees poison: the
+    result must equal, bit for bit, the one on clean inputs."""
+    m, n, k = 3, 37, 192
+    qw = quant.quantize(torch.randn(n, k, device=DEV) * 0.02, bits, group)
+    x = torch.randn(m, k, device=DEV, dtype=torch.float16)
+    clean = quant.gemv(x, qw, path=path, split_k=split)
+    data = guarded(qw.data, 0xFF if bits == 4 else -1)
+    qp = quant.QuantizedWeight(data, guarded(qw.scales), bits, qw.group_size, qw.shape)
+    assert torch.equal(quant.gemv(guarded(x), qp, path=path, split_k=split), clean)
 
 
 def test_max_block_k():
