@@ -525,3 +525,17 @@ def test_ptx_unpacking_is_exact(kind):
             signed = [b - 256 if b > 127 else b for b in bs]
             if -128 not in signed:  # quantize never stores -128
                 assert _halves(_run_ptx(asm8, [word], 2), kind) == signed
+
+
+@pytest.mark.parametrize("late", [False, True])
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("bits, group", [(4, 128), (8, None)])
+def test_prefetch_gemv_probe_kernel(bits, group, prefetch, late):
+    """The prefetching CUDA-core GEMV that scripts/gpu/quant_probe.py times (one row of x)."""
+    from kernels.quant import prefetch as pf
+
+    qw = quant.quantize(torch.randn(40, 256, device=DEV) * 0.02, bits, group)
+    x = torch.randn(1, 256, device=DEV, dtype=torch.float16)
+    for split in (1, 2):
+        y = pf.launch(x, qw, 16, 64, 4, split, prefetch, late)
+        assert _rel(y, quant.gemv_ref(x, qw)) < 2e-3
