@@ -24,3 +24,22 @@ def guarded(t: torch.Tensor, fill: float = float("nan")) -> torch.Tensor:
     view = buf[GUARD : GUARD + t.numel()].view(t.shape)
     view.copy_(t)
     return view
+
+
+def eager_and_graphed(fn):
+    """``(fn(), the same call captured in a CUDA graph and replayed)``: the eager call first
+    compiles and autotunes (neither may happen during capture), a warm-up on a side stream as
+    PyTorch's graph docs ask, then capture and one replay. Equal results mean the launcher
+    allocates, chooses and launches without reading anything from the host."""
+    eager = fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return eager, out

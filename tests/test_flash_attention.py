@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from conftest import guarded
+from conftest import eager_and_graphed, guarded
 
 from kernels import device
 from kernels import flash_attention as fa
@@ -205,3 +205,12 @@ def test_tma_needs_a_hopper_gpu():
     q = _t(1, 2, 8, 64)
     with pytest.raises(ValueError, match="TMA"):
         fa.attention(q, q, q, tma=True)
+
+
+@pytest.mark.skipif(not device.GPU_MODE, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_graph_capture(causal):
+    q, k, v = _inputs(2, 3, 130, 130, 64, torch.float16)
+    with torch.no_grad():
+        eager, graphed = eager_and_graphed(lambda: fa.attention(q, k, v, causal))
+    assert torch.equal(eager, graphed)

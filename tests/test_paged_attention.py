@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import guarded
+from conftest import eager_and_graphed, guarded
 
 from kernels import device
 from kernels import paged_attention as pa
@@ -45,7 +45,10 @@ def _case(seq_lens, n_heads, n_kv, d, page, dtype, seed=0, spare_blocks=3):
 )
 def test_matches_fp32_reference(seq_lens, n_heads, n_kv, d, page, splits, dtype):
     q, k, v, table, lens = _case(seq_lens, n_heads, n_kv, d, page, dtype, seed=sum(seq_lens))
-    out = pa.paged_decode(q, k, v, table, lens, num_splits=splits)
+    # On a GPU one fixed tile, except for the first case: autotuning every case (five candidates,
+    # each timed) would cost minutes and test nothing more (test_fixed_config_matches_autotuned).
+    config = (32, 4, 2) if device.GPU_MODE and seq_lens != [1, 17, 100] else None
+    out = pa.paged_decode(q, k, v, table, lens, num_splits=splits, config=config)
     assert out.shape == q.shape and out.dtype == dtype
     ref = pa.paged_decode_ref(q, k, v, table, lens)
     assert _rel_err(out, ref) < TOL[dtype]
@@ -294,3 +297,13 @@ def test_reads_nothing_outside_its_inputs(splits):
         num_splits=splits,
     )
     assert torch.equal(out, clean)
+
+
+@pytest.mark.skipif(not device.GPU_MODE, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("splits", [None, 1])
+def test_cuda_graph_capture(splits):
+    q, k, v, table, lens = _case([37, 1, 200], 8, 2, 64, 16, torch.float16)
+    eager, graphed = eager_and_graphed(
+        lambda: pa.paged_decode(q, k, v, table, lens, num_splits=splits)
+    )
+    assert torch.equal(eager, graphed)

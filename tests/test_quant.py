@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import guarded
+from conftest import eager_and_graphed, guarded
 
 from kernels import device, quant
 
@@ -539,3 +539,13 @@ def test_prefetch_gemv_probe_kernel(bits, group, prefetch, late):
     for split in (1, 2):
         y = pf.launch(x, qw, 16, 64, 4, split, prefetch, late)
         assert _rel(y, quant.gemv_ref(x, qw)) < 2e-3
+
+
+@pytest.mark.skipif(not device.GPU_MODE, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("m, bits, group", [(1, 4, 128), (3, 8, None), (24, 4, 128)])
+def test_cuda_graph_capture(m, bits, group):
+    """The default path (the CUDA int4 kernel where it builds, Triton otherwise) in a graph."""
+    qw = quant.quantize(torch.randn(256, 1024, device=DEV) * 0.02, bits, group)
+    x = torch.randn(m, 1024, device=DEV, dtype=torch.bfloat16)
+    eager, graphed = eager_and_graphed(lambda: quant.gemv(x, qw))
+    assert torch.equal(eager, graphed)

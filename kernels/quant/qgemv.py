@@ -210,11 +210,14 @@ def _autotuned(kernel, configs, zero_y: bool):
     # Keyed on the row tile (not M itself, so a batch sweep does not retune every M), the problem
     # and the grouping. With SPLIT_K > 1 the output accumulates with atomics, so the autotuner must
     # zero it between trials.
+    # A GEMV runs for microseconds: 5 ms of warm-up and 20 of timing per candidate rank them as
+    # well as Triton's default 25 + 100 ms, and a new shape's first call waits a fifth as long.
     return triton.autotune(
         configs=configs,
         key=["BLOCK_M", "N", "KP", "group_size", "BITS", "SPLIT_K", "USE_ASM"],
         prune_configs_by={"early_config_prune": _prune},
         reset_to_zero=["y_ptr"] if zero_y else None,
+        do_bench=functools.partial(triton.testing.do_bench, warmup=5, rep=20),
     )(kernel)
 
 
