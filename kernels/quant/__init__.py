@@ -55,13 +55,14 @@ The package, one module per concern (every public name is re-exported here, so `
 - ``qgemv``: the two Triton kernels, ``gemv`` and ``gemv_ref``, the GEMV benchmark;
 - ``cuda_int4``: the CUDA C++ int4 kernel's configurations, ``repack_int4_mma`` and its build;
 - ``fp8``: fp8 quantization and matmuls for prefill, the fp8 benchmark;
-- ``accuracy``: heavy-tailed weights and the MLP stack that compares schemes.
+- ``accuracy``: heavy-tailed weights and the MLP stack that compares schemes;
+- ``prefetch``: the prefetching CUDA-core GEMV that scripts/gpu/quant_probe.py measures.
 
 ``QuantizedWeight`` checks its fields when it is built (dtypes, shapes, bits, group size), so a
 hand-built weight with the wrong dtype fails at once instead of returning garbage.
 """
 
-from kernels.quant import accuracy, cuda_int4, formats, fp8, ptx, qgemv
+from kernels.quant import accuracy, cuda_int4, formats, fp8, prefetch, ptx, qgemv
 from kernels.quant.accuracy import (
     ACT_SCHEMES,
     WEIGHT_SCHEMES,
