@@ -6,8 +6,13 @@
 #   make lint           ruff check + ruff format --check
 #   make bench          python -m kernels.bench on this machine (appends results/<gpu>.jsonl)
 #   make gpu-notebooks  on a GPU machine: execute every notebook in place, then the benchmarks
+#   make gpu-test       on a GPU machine: the whole pytest suite (its GPU-only cases included, in
+#                       debug mode), then compute-sanitizer memcheck over scripts/gpu/sanitize_all.py
+#                       (every kernel once at small odd shapes); writes a short dated log to
+#                       results/gpu-test/<date>-<gpu-slug>.log (scripts/gpu_test.sh). Run it before
+#                       submitting a kernel change; ARGS go to pytest (e.g. ARGS="tests/test_quant.py").
 #
-# `bench` and `gpu-notebooks` run with $(PYTHON) (default python3: the interpreter that has your
+# `bench`, `gpu-notebooks` and `gpu-test` run with $(PYTHON) (default python3: the interpreter that has your
 # GPU's torch), not .venv, whose torch is the CPU build.
 
 SHELL := /bin/bash
@@ -29,7 +34,7 @@ NOTEBOOKS ?=
 ARGS ?=
 
 .PHONY: venv book mathjax chromium npm test test-unit test-nbval test-browser lint bench \
-	gpu-notebooks clean
+	gpu-notebooks gpu-test clean
 
 venv: $(STAMP)
 
@@ -93,6 +98,9 @@ bench:
 
 gpu-notebooks:
 	$(PYTHON) scripts/run_gpu_notebooks.py $(NOTEBOOKS) $(ARGS)
+
+gpu-test:
+	PYTHON=$(PYTHON) scripts/gpu_test.sh $(ARGS)
 
 clean:
 	rm -rf _build _vendor

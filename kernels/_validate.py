@@ -1,10 +1,50 @@
-"""Input checks shared by every launcher: each raises an error that names the argument."""
+"""Input checks shared by every launcher: each raises an error that names the argument.
+
+Debug mode. Checks of shapes, dtypes and devices are free and always run. Checks that must read a
+tensor's *values* (the block ids of a paged-attention block table, the sequence lengths, a
+megakernel's barrier-timeout word) would make a GPU launcher wait for the device on every call,
+so on a GPU they run only in debug mode: set ``GPU_BRRR_DEBUG=1`` in the environment before
+importing ``kernels``, or call ``kernels._validate.debug(True)``. The test suite turns it on
+(tests/conftest.py). On the CPU (the interpreter) reading a value costs nothing, so the checks
+always run there. Without debug mode a GPU kernel still never reads out of bounds: it answers NaN
+where a value check would have raised (see each launcher's docstring).
+"""
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Iterable
 
 import torch
+
+_DEBUG = os.environ.get("GPU_BRRR_DEBUG", "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def debug(on: bool | None = None) -> bool:
+    """Turn debug mode on or off (``None``: leave it); returns whether it is on."""
+    global _DEBUG
+    if on is not None:
+        _DEBUG = bool(on)
+    return _DEBUG
+
+
+def check_values(*tensors: torch.Tensor) -> bool:
+    """Whether a launcher should check the values of ``tensors``: always on the CPU, in debug mode
+    on a GPU, and never while a CUDA graph is being captured (reading a value there is an error)."""
+    on_gpu = any(t.is_cuda for t in tensors)
+    if not on_gpu:
+        return True
+    return _DEBUG and not torch.cuda.is_current_stream_capturing()
+
+
+def sm_scale(v, head_dim: int) -> float:
+    """``sm_scale`` checked: a finite positive number, or ``None`` for ``1 / sqrt(head_dim)``."""
+    if v is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+        raise ValueError(f"sm_scale must be a finite positive number or None, got {v!r}")
+    return float(v)
 
 
 def tensor(name: str, t, *, dtypes: Iterable[torch.dtype] | None = None, ndim: int | None = None):

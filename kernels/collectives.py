@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from kernels import bench
+from kernels import bench, distributed
+from kernels.distributed import barrier, chunk_bounds  # their home; C.barrier, C.chunk_bounds
 
 # Sub-chunks of this many bytes are sent, received and summed one after the other, so the sum of one
 # sub-chunk overlaps the transfer of the next. Splitting has a price: NCCL's send/recv bandwidth keeps
@@ -64,22 +65,6 @@ BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
 
 
 # ----------------------------------------------------------------------------- the ring
-
-
-def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` of ``parts`` contiguous pieces of ``numel`` elements, sizes differing by at
-    most one (the first ``numel % parts`` pieces get the extra element)."""
-    if parts <= 0:
-        raise ValueError(f"parts must be positive, got {parts}")
-    if numel < 0:
-        raise ValueError(f"numel must be non-negative, got {numel}")
-    base, extra = divmod(numel, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        stop = start + base + (1 if i < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
 
 
 def ring_schedule(n: int, rank: int) -> list[tuple[str, int, int]]:
@@ -309,17 +294,6 @@ def fit_alpha_beta(
 # ----------------------------------------------------------------------------- timing
 
 
-def barrier(device: torch.device, group=None) -> None:
-    """Every rank waits here for every other: a one-element all-reduce that the host waits for.
-    (``dist.barrier`` on NCCL guesses a device and warns; this uses the one we work on.)"""
-    flag = torch.zeros(1, device=device)
-    dist.all_reduce(flag, group=group)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    else:
-        flag.item()
-
-
 def time_collective(
     fn: Callable[[], object],
     device: torch.device,
@@ -376,8 +350,6 @@ def _bench_collectives(quick: bool) -> list[dict]:
     """Ring all-reduce and NCCL's collectives at large sizes on every GPU of this machine (torchrun,
     one process per GPU). Baseline: NCCL's all-reduce; ceiling: the measured send/recv bus bandwidth.
     Bandwidths in the records are bus bandwidths (GB/s)."""
-    from kernels import distributed
-
     plan = distributed.plan()
     if not plan.gpu:
         print("collectives: needs two or more GPUs (NCCL); skipped")

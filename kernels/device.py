@@ -7,6 +7,7 @@ first output. Capabilities come from the device itself, never from a hard-coded 
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from dataclasses import dataclass
@@ -44,8 +45,10 @@ class Capabilities:
         return "CPU interpreter" if INTERPRET else "CPU"
 
 
+@functools.cache
 def capabilities() -> Capabilities:
-    """Query the current device (device 0 when several GPUs are present)."""
+    """Query the current device (device 0 when several GPUs are present). Asked once per process
+    and cached: launchers consult it on every call, and a driver query costs about 10 µs."""
     if not GPU_MODE:
         return Capabilities(
             name=f"CPU ({platform.processor() or platform.machine()})",

@@ -10,6 +10,9 @@ Launching (the notebooks and tests use these):
 - ``init_worker()`` and ``finish()`` are the first and last lines of every worker script.
 - ``spawn(fn, nprocs, *args)`` runs ``fn(*args)`` on ``nprocs`` gloo processes started with
   ``torch.multiprocessing`` (the tests use it: no second interpreter to start per launch).
+- ``chunk_bounds`` (how ``numel`` elements split across ranks) and ``barrier`` (every rank waits,
+  on the device it works on) are the process-group helpers ``kernels.collectives`` builds on: this
+  module imports nothing from it, so the two do not import each other.
 
 Parallelism:
 
@@ -41,13 +44,41 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.collectives import barrier, chunk_bounds
-
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts" / "dist"
 BACKEND_ENV = "GPU_BRRR_DIST_BACKEND"
 
 # ----------------------------------------------------------------------------- launching
+
+
+# ----------------------------------------------------------------------------- process-group helpers
+
+
+def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of ``parts`` contiguous pieces of ``numel`` elements, sizes differing by at
+    most one (the first ``numel % parts`` pieces get the extra element)."""
+    if parts <= 0:
+        raise ValueError(f"parts must be positive, got {parts}")
+    if numel < 0:
+        raise ValueError(f"numel must be non-negative, got {numel}")
+    base, extra = divmod(numel, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def barrier(device: torch.device, group=None) -> None:
+    """Every rank waits here for every other: a one-element all-reduce that the host waits for.
+    (``dist.barrier`` on NCCL guesses a device and warns; this uses the one we work on.)"""
+    flag = torch.zeros(1, device=device)
+    dist.all_reduce(flag, group=group)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    else:
+        flag.item()
 
 
 @dataclass(frozen=True)

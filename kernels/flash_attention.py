@@ -37,11 +37,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, roofline
+from kernels import _validate, bench, device, launch, roofline
+from kernels import sdpa as _sdpa
+from kernels.launch import LOG2E
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128)
-LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
 
 # ----------------------------------------------------------------------------- configurations
 
@@ -65,8 +66,7 @@ def _smem_limit() -> int:
     """Shared memory one program may use on this GPU, in bytes."""
     if not device.GPU_MODE:
         return 1 << 30
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return getattr(props, "shared_memory_per_block_optin", 49152)
+    return getattr(launch.properties(), "shared_memory_per_block_optin", 49152)
 
 
 def _tile(config: triton.Config, resident: str, streamed: str) -> tuple[int, int, int, int]:
@@ -229,7 +229,7 @@ def _attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * 1.4426950408889634  # launch.LOG2E (a jit function reads literals)
 
     if CAUSAL:
         # Key tiles wholly left of the diagonal are fully visible to every row: no mask. Then
@@ -371,7 +371,7 @@ def _attn_bwd_dkdv_kernel(
     v = tl.load(v_ptr + kv_off, mask=key_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * 1.4426950408889634  # launch.LOG2E (a jit function reads literals)
 
     q_base = q_ptr + bh * N_Q * HEAD_DIM
     do_base = do_ptr + bh * N_Q * HEAD_DIM
@@ -484,7 +484,7 @@ def _attn_bwd_dq_kernel(
     lse = tl.load(lse_ptr + bh * N_Q + offs_m, mask=row_ok, other=0.0)
     delta = tl.load(delta_ptr + bh * N_Q + offs_m, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * 1.4426950408889634  # launch.LOG2E (a jit function reads literals)
 
     k_base = k_ptr + bh * N_KV * HEAD_DIM
     v_base = v_ptr + bh * N_KV * HEAD_DIM
@@ -533,11 +533,7 @@ def _check(q, k, v, causal, sm_scale) -> float:
         )
     if k.shape[2] == 0 and q.shape[2] > 0:
         raise ValueError("k and v must hold at least one key (Nk >= 1)")
-    if sm_scale is None:
-        return 1.0 / math.sqrt(q.shape[3])
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not sm_scale > 0:
-        raise ValueError(f"sm_scale must be a positive number or None, got {sm_scale!r}")
-    return float(sm_scale)
+    return _validate.sm_scale(sm_scale, q.shape[3])
 
 
 def tma_available(*tensors: torch.Tensor) -> bool:
@@ -747,43 +743,20 @@ def bwd_flops(batch: int, heads: int, n_q: int, n_kv: int, head_dim: int, causal
 
 # ----------------------------------------------------------------------------- SDPA baselines
 
-SDPA_BACKENDS = ("flash", "cudnn", "efficient", "math")
-
-
-def sdpa_backend(backend: str):
-    """A context manager that forces ``scaled_dot_product_attention`` onto one backend:
-    'flash' (FlashAttention-2), 'cudnn', 'efficient' (memory-efficient, xFormers) or 'math'."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    names = {
-        "flash": "FLASH_ATTENTION",
-        "cudnn": "CUDNN_ATTENTION",
-        "efficient": "EFFICIENT_ATTENTION",
-        "math": "MATH",
-    }
-    if backend not in names:
-        raise ValueError(f"backend must be one of {SDPA_BACKENDS}, got {backend!r}")
-    member = getattr(SDPBackend, names[backend], None)
-    if member is None:
-        raise RuntimeError(f"this torch ({torch.__version__}) has no SDPA backend {backend!r}")
-    return sdpa_kernel(member)
+# The SDPA helpers live in kernels.sdpa; these names stay here for the notebooks that use them.
+SDPA_BACKENDS = _sdpa.SDPA_BACKENDS
+sdpa_backend = _sdpa.sdpa_backend
 
 
 def sdpa(q, k, v, causal: bool = False, backend: str = "flash") -> torch.Tensor:
     """``torch.nn.functional.scaled_dot_product_attention`` forced onto one backend
-    (see ``sdpa_backend``)."""
-    with sdpa_backend(backend):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    (``kernels.sdpa.sdpa``)."""
+    return _sdpa.sdpa(q, k, v, causal, backend)
 
 
 def sdpa_available(backend: str, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -> bool:
     """Whether ``sdpa(..., backend=backend)`` runs on this machine for this dtype and head dim."""
-    try:
-        x = torch.randn(1, 2, 128, head_dim, device=device.DEVICE, dtype=dtype)
-        sdpa(x, x, x, backend=backend)
-        return True
-    except RuntimeError:
-        return False
+    return _sdpa.available(backend, dtype, head_dim)
 
 
 # ----------------------------------------------------------------------------- compile check

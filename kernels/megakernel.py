@@ -25,7 +25,10 @@ compiled kernel's registers, shared memory and thread count, that one program fi
 cannot know about other kernels running concurrently on other streams (or an MPS/green-context
 limit on the SMs it may use): those delay our programs but finish by themselves, so the barrier still
 completes; a partition smaller than the grid would not, and the bounded spin then sets a flag
-(``barrier_timeouts``) instead of hanging forever. Two launches must not overlap in time on one
+(``barrier_timeouts``) instead of hanging forever. Reading that flag costs a host sync, so the
+launcher reads it after every launch only where that is free (the CPU) or asked for (debug mode,
+``GPU_BRRR_DEBUG=1``, see ``kernels._validate``): there a timeout raises ``RuntimeError`` rather
+than returning wrong activations; elsewhere call ``barrier_timeouts()`` after a run. Two launches must not overlap in time on one
 device, because they share the barrier counter; launches on one stream never do.
 
 Tiles. At batch <= 2 each program keeps its whole slice of a layer (BLOCK_N x D weights) in registers
@@ -62,6 +65,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, roofline
+from kernels.launch import next_power_of_2, programs_per_sm, sm_count  # sm_count: notebook 08a
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = {"none": 0, "relu": 1}
@@ -400,18 +404,6 @@ def _mlp_layer_kernel(
 # ----------------------------------------------------------------------------- host code
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-@functools.cache
-def sm_count() -> int:
-    """The number of SMs of the current device (1 in interpreter mode: programs run one by one)."""
-    if not device.GPU_MODE:
-        return 1
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
-
 @functools.cache
 def plan(
     d: int,
@@ -436,15 +428,15 @@ def plan(
     """
     if tile not in TILES:
         raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
-    block_n = _next_pow2(triton.cdiv(d, max_programs))
-    slice_elems = block_n * _next_pow2(d)
+    block_n = next_power_of_2(triton.cdiv(d, max_programs))
+    slice_elems = block_n * next_power_of_2(d)
     per_warp = 32 * SLICE_ELEMS_PER_THREAD
     fits = [w for w in (4, 8, 16) if slice_elems <= w * per_warp]
     if num_warps is not None:
         fits = [num_warps] if slice_elems <= num_warps * per_warp else []
     if tile == "gemv" or (tile == "auto" and m <= GEMV_MAX_ROWS):
         if fits:
-            return triton.cdiv(d, block_n), block_n, _next_pow2(d), True, fits[0]
+            return triton.cdiv(d, block_n), block_n, next_power_of_2(d), True, fits[0]
         if tile == "gemv":
             raise ValueError(
                 f"a {block_n} x {d} weight slice does not fit in registers with "
@@ -456,7 +448,7 @@ def plan(
             f"weights of width {d} need BLOCK_N = {block_n} > {MAX_BLOCK_N} columns per program with "
             f"max_programs={max_programs}: allow more programs"
         )
-    block_k = max(16, min(block_k, _next_pow2(d)))
+    block_k = max(16, min(block_k, next_power_of_2(d)))
     return triton.cdiv(d, block_n), block_n, block_k, False, num_warps or 4
 
 
@@ -495,22 +487,18 @@ def barrier_timeouts(dev: torch.device | str | None = None) -> bool:
     return barrier_state(dev)["timeout"] != 0
 
 
-def _blocks_per_sm(compiled, num_warps: int) -> int:
-    """How many programs of a compiled kernel fit on one SM (registers, shared memory, threads)."""
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    compiled._init_handles()
-    threads = num_warps * 32
-    regs = max(compiled.n_regs, 1) * threads
-    fits = [
-        getattr(props, "regs_per_multiprocessor", 65536) // regs,
-        getattr(props, "max_threads_per_multi_processor", 2048) // threads,
-    ]
-    smem = compiled.metadata.shared
-    if smem:
-        # Each resident block also reserves 1 KiB of shared memory for the system.
-        per_sm = getattr(props, "shared_memory_per_multiprocessor", 0)
-        fits.append(per_sm // (smem + 1024) if per_sm else 1)
-    return min(fits)
+def _raise_on_timeout(sync: torch.Tensor) -> None:
+    """Debug mode (``kernels._validate``): after a persistent launch, read the timeout word (a host
+    sync) and raise if a program gave up at a barrier; the word is cleared, so the next launch
+    starts clean."""
+    if sync[2].item() != 0:
+        sync[2] = 0
+        raise RuntimeError(
+            f"fused_mlp_stack: a program of the persistent kernel timed out at a grid barrier "
+            f"(after {MAX_POLLS:,} polls): the grid was not all resident at once (another kernel "
+            "or a GPU partition held SMs), so the activations returned are wrong. Retry with "
+            "persistent=False or a smaller max_programs."
+        )
 
 
 def _check(x, weights, biases, activation):
@@ -571,7 +559,7 @@ def _configure(x, m, d, persistent, opts) -> tuple[int, dict]:
         HAS_BIAS=has_bias,
         ACT=ACTIVATIONS[activation],
         # The GEMV form loops over the rows it is given; the tl.dot form always pads to 16.
-        BLOCK_M=_next_pow2(m) if gemv else BLOCK_M,
+        BLOCK_M=next_power_of_2(m) if gemv else BLOCK_M,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         NUM_STAGES=num_stages,
@@ -583,7 +571,7 @@ def _configure(x, m, d, persistent, opts) -> tuple[int, dict]:
 
 
 def _check_residency(compiled, n_programs: int, num_warps: int) -> None:
-    if _blocks_per_sm(compiled, num_warps) * sm_count() < n_programs:
+    if programs_per_sm(compiled) * sm_count() < n_programs:
         raise RuntimeError(
             f"one program of the persistent kernel does not fit on an SM ({compiled.n_regs} "
             f"registers x {num_warps * 32} threads, {compiled.metadata.shared} B shared memory): "
@@ -631,7 +619,7 @@ def fused_mlp_stack(
     has_bias = biases is not None
     b = biases if has_bias else weights  # never read when HAS_BIAS is False
     opts = (has_bias, activation, max_programs, tile, num_warps, block_k, num_stages)
-    key = (x.device, x.dtype, d, _next_pow2(m), persistent, opts)
+    key = (x.device, x.dtype, d, next_power_of_2(m), persistent, opts)
     cfg = _CONFIGS.get(key)
     if persistent:
         sync = _sync_buffer(x.device)
@@ -645,6 +633,8 @@ def fused_mlp_stack(
                 _check_residency(compiled, n_programs, meta["num_warps"])
             _CONFIGS[key] = cfg
         _mlp_stack_kernel[(n_programs,)](*args, **meta)
+        if _validate.check_values(sync):
+            _raise_on_timeout(sync)
     else:
         if cfg is None:
             cfg = _CONFIGS[key] = _configure(x, m, d, persistent, opts)

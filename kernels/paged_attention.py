@@ -47,11 +47,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, roofline
+from kernels import _validate, bench, device, roofline, sdpa
+from kernels.launch import next_power_of_2, sm_count
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
-LOG2E = 1.4426950408889634
 
 # ----------------------------------------------------------------------------- configurations
 
@@ -76,7 +76,16 @@ def _configs():
     key=["seqs_bucket", "tokens_bucket", "num_splits", "HEAD_DIM", "PAGE_SIZE", "GROUP_PAD"],
     do_bench=functools.partial(triton.testing.do_bench, warmup=10, rep=40),
 )
-@triton.jit(do_not_specialize=["seqs_bucket", "tokens_bucket", "num_splits", "group"])
+@triton.jit(
+    do_not_specialize=[
+        "seqs_bucket",
+        "tokens_bucket",
+        "num_splits",
+        "group",
+        "num_blocks",
+        "max_tokens",
+    ]
+)
 def _paged_decode_split_kernel(
     # pointers: q [n_seqs, n_heads, D]; k, v caches [num_blocks, n_kv, PAGE, D];
     # block_table int32 [n_seqs, max_blocks]; seq_lens int32 [n_seqs];
@@ -95,6 +104,8 @@ def _paged_decode_split_kernel(
     tokens_bucket,  # the block table's capacity, so that similar shapes share one tuning run)
     num_splits,
     group,  # query heads per kv head
+    num_blocks,  # blocks in the pool: a block id outside [0, num_blocks) is never dereferenced
+    max_tokens,  # the block table's capacity, max_blocks * PAGE_SIZE
     # strides (elements)
     stride_qs,
     stride_qh,
@@ -117,6 +128,11 @@ def _paged_decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
+    # A length outside [0, max_tokens] would walk past the block table's row: such a sequence
+    # reads nothing and answers NaN (the launcher raises first in debug mode). n_bad counts the
+    # reasons this program's answer is NaN.
+    n_bad = ((seq_len < 0) | (seq_len > max_tokens)).to(tl.int32)
+    seq_len = tl.where(n_bad > 0, 0, seq_len)
     # This program's share of the sequence: a whole number of tiles, so that only the tile at the
     # end of the sequence is partial. Splits past the end get an empty range.
     chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
@@ -130,7 +146,7 @@ def _paged_decode_split_kernel(
     head_ok = offs_g < group
     q_off = seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr + q_off, mask=head_ok[:, None], other=0.0)
-    qk_scale = sm_scale * 1.4426950408889634  # base-2 exponentials: exp(x) = exp2(x * log2 e)
+    qk_scale = sm_scale * 1.4426950408889634  # log2(e), launch.LOG2E: exp(x) = exp2(x * log2 e)
 
     # Online-softmax state per query head, fp32.
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
@@ -145,9 +161,14 @@ def _paged_decode_split_kernel(
         # Page-table walk: each token's physical block, then its row inside the block. Reads
         # BLOCK_N / PAGE_SIZE distinct int32 entries (from L1) per tile of BLOCK_N * D * 2 values.
         block = tl.load(bt_row + toks // PAGE_SIZE, mask=tok_ok, other=0)
+        # A block id outside the pool is never dereferenced: its tokens load zeros and poison
+        # the answer with NaN.
+        block_ok = (block >= 0) & (block < num_blocks)
+        n_bad += tl.sum((tok_ok & ~block_ok).to(tl.int32), 0)
+        kv_ok = tok_ok & block_ok
         rows = block.to(tl.int64) * stride_kb + kv_head_off + (toks % PAGE_SIZE) * stride_kt
         kv_off = rows[:, None] + offs_d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=tok_ok[:, None], other=0.0)
+        k = tl.load(k_ptr + kv_off, mask=kv_ok[:, None], other=0.0)
         if FP32_EXACT:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -158,7 +179,7 @@ def _paged_decode_split_kernel(
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_off, mask=tok_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + kv_off, mask=kv_ok[:, None], other=0.0)
         if FP32_EXACT:
             acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
         else:
@@ -168,6 +189,7 @@ def _paged_decode_split_kernel(
     # An empty range leaves l = 0: its partial output is 0 and its log-sum-exp -inf (weight 0).
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
+    o = tl.where(n_bad > 0, float("nan"), o)  # NaN survives the merge: 0 * NaN is NaN
     o_off = seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
     if DIRECT:
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
@@ -213,15 +235,6 @@ def _paged_decode_combine_kernel(
 # ----------------------------------------------------------------------------- launcher
 
 
-def _pow2_at_least(n: int, floor: int = 1) -> int:
-    return max(floor, 1 << max(0, (n - 1).bit_length()))
-
-
-@functools.cache
-def _sm_count() -> int:
-    return device.capabilities().sm_count if device.GPU_MODE else 4
-
-
 # Programs per SM the default split count aims for. Several waves of equal programs keep the
 # last, partial wave short; a split is never shorter than MIN_SPLIT_TOKENS (below that, writing and
 # merging partial results costs more than the parallelism gains).
@@ -233,7 +246,7 @@ def default_num_splits(n_seqs: int, n_kv_heads: int, max_tokens: int) -> int:
     """Splits per (sequence, kv head) for a batch whose block table holds ``max_tokens`` tokens
     per sequence: about ``PROGRAMS_PER_SM`` programs per SM in all, at most 64 splits."""
     pairs = max(1, n_seqs * n_kv_heads)
-    want = triton.cdiv(PROGRAMS_PER_SM * _sm_count(), pairs)
+    want = triton.cdiv(PROGRAMS_PER_SM * sm_count(interpreter=4), pairs)
     return int(max(1, min(want, max_tokens // MIN_SPLIT_TOKENS, 64)))
 
 
@@ -285,11 +298,37 @@ def _check(q, k_cache, v_cache, block_table, seq_lens, sm_scale, num_splits):
         isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
     ):
         raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
-    if sm_scale is None:
-        return 1.0 / math.sqrt(d)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not sm_scale > 0:
-        raise ValueError(f"sm_scale must be a positive number or None, got {sm_scale!r}")
-    return float(sm_scale)
+    if k_cache.shape[0] >= 2**31:
+        raise ValueError(f"the pool must hold fewer than 2**31 blocks, got {k_cache.shape[0]}")
+    if _validate.check_values(block_table, seq_lens):
+        _check_values(block_table, seq_lens, k_cache.shape[0], page)
+    return _validate.sm_scale(sm_scale, d)
+
+
+def _check_values(block_table, seq_lens, num_blocks: int, page: int) -> None:
+    """The checks that read values (debug mode on a GPU; always on the CPU): every length within
+    the block table's capacity and every block id a sequence reads inside the pool."""
+    if seq_lens.numel() == 0:
+        return
+    capacity = block_table.shape[1] * page
+    lo, hi = int(seq_lens.min()), int(seq_lens.max())
+    if lo < 0:
+        raise ValueError(f"seq_lens must be >= 0, got {lo}")
+    if hi > capacity:
+        raise ValueError(
+            f"seq_lens must be at most the block table's capacity (max_blocks {block_table.shape[1]}"
+            f" x block_size {page} = {capacity} tokens), got {hi}"
+        )
+    # Only the entries a sequence reads: the first ceil(seq_len / block_size) of its row.
+    n_used = (seq_lens.long() + page - 1) // page
+    cols = torch.arange(block_table.shape[1], device=block_table.device)
+    ids = block_table[cols[None, :] < n_used[:, None]]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+        bad = ids[(ids < 0) | (ids >= num_blocks)][0].item()
+        raise ValueError(
+            f"block_table holds block id {bad}, outside the pool of {num_blocks} blocks "
+            f"(k_cache.shape[0])"
+        )
 
 
 def paged_decode(
@@ -308,9 +347,12 @@ def paged_decode(
     ``q: [n_seqs, n_heads, head_dim]`` (any strides with head_dim contiguous, e.g. a slice of a
     fused projection); ``k_cache, v_cache: [num_blocks, n_kv_heads, block_size, head_dim]`` (fp16,
     bf16 or fp32, like q, contiguous; block_size a power of two); ``block_table: int32 [n_seqs,
-    max_blocks]``; ``seq_lens: int32 [n_seqs]``, each at most ``max_blocks * block_size`` (not
-    checked: that would synchronise with the host). Sequence ``b`` attends to its tokens
-    ``0 … seq_lens[b] - 1``; an empty sequence gets zeros. ``num_splits`` defaults to
+    max_blocks]`` of block ids in ``[0, num_blocks)``; ``seq_lens: int32 [n_seqs]``, each in
+    ``[0, max_blocks * block_size]``. Sequence ``b`` attends to its tokens ``0 … seq_lens[b] - 1``;
+    an empty sequence gets zeros. Lengths and block ids are values on the device: they are checked
+    (``ValueError``) on the CPU and in debug mode (``kernels._validate``), where reading them costs
+    a host sync; otherwise the kernel never reads outside the pool or the table, and a sequence
+    with a bad length or block id gets NaN. ``num_splits`` defaults to
     ``default_num_splits``. ``config = (BLOCK_N, num_warps, num_stages)`` skips the autotuner (one
     compilation instead of one per candidate: for checks at many small shapes). Returns
     ``[n_seqs, n_heads, head_dim]`` in q's dtype.
@@ -335,7 +377,7 @@ def paged_decode(
     max_blocks = block_table.shape[1]
     splits = num_splits or default_num_splits(n_seqs, n_kv, max_blocks * page)
     group = n_heads // n_kv
-    group_pad = _pow2_at_least(group, 16)
+    group_pad = max(16, next_power_of_2(group))
     if splits == 1:
         o_dst, lse = out, out  # lse is unused with one split
     else:
@@ -348,7 +390,8 @@ def paged_decode(
         tile = {"BLOCK_N": config[0], "num_warps": config[1], "num_stages": config[2]}
     kernel[(n_seqs, n_kv, splits)](
         q, k_cache, v_cache, block_table, seq_lens, o_dst, lse,
-        scale, _pow2_at_least(n_seqs), _pow2_at_least(max_blocks * page), splits, group,
+        scale, next_power_of_2(n_seqs), next_power_of_2(max_blocks * page), splits, group,
+        k_cache.shape[0], max_blocks * page,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0),
@@ -358,7 +401,7 @@ def paged_decode(
     )  # fmt: skip
     if splits > 1:
         _paged_decode_combine_kernel[(n_seqs * n_heads,)](
-            o_dst, lse, out, splits, HEAD_DIM=d, SPLITS_PAD=_pow2_at_least(splits)
+            o_dst, lse, out, splits, HEAD_DIM=d, SPLITS_PAD=next_power_of_2(splits)
         )
     return out
 
@@ -438,19 +481,8 @@ def sdpa_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str 
     """The baseline: PyTorch SDPA on a contiguous cache, ``q: [n_seqs, n_heads, d]``, ``k, v:
     [n_seqs, n_kv_heads, seq, d]``, GQA through ``enable_gqa`` (no copy of k and v).
     ``backend``: None (PyTorch's choice) or 'flash', 'efficient', 'cudnn', 'math'."""
-    f = torch.nn.functional.scaled_dot_product_attention
-    q4 = q.unsqueeze(2)
     gqa = q.shape[1] != k.shape[1]
-
-    def run():
-        return f(q4, k, v, enable_gqa=gqa).squeeze(2)
-
-    if backend is None:
-        return run()
-    from kernels.flash_attention import sdpa_backend
-
-    with sdpa_backend(backend):
-        return run()
+    return sdpa.sdpa(q.unsqueeze(2), k, v, backend=backend, enable_gqa=gqa).squeeze(2)
 
 
 def kv_read_bytes(seq_lens, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -594,6 +626,8 @@ _SIG_SIZES = {
     "tokens_bucket": "i32",
     "num_splits": "i32",
     "group": "i32",
+    "num_blocks": "i32",
+    "max_tokens": "i32",
 }
 _SIG_STRIDES = {
     n: "i32"
@@ -669,20 +703,11 @@ COMPILE_SPECS = [
 
 def sdpa_backends(dtype: torch.dtype = torch.bfloat16, n_heads: int = 32, n_kv: int = 8) -> list:
     """The SDPA backends that run a GQA decode (one query, ``enable_gqa``) on this machine."""
-    import warnings
-
-    ok = []
-    q = torch.randn(1, n_heads, 128, device=device.DEVICE, dtype=dtype)
-    k = torch.randn(1, n_kv, 256, 128, device=device.DEVICE, dtype=dtype)
-    for backend in ("flash", "efficient", "cudnn", "math"):
-        try:
-            with warnings.catch_warnings():  # a backend that declines explains why in a warning
-                warnings.simplefilter("ignore")
-                sdpa_decode(q, k, k, backend)
-            ok.append(backend)
-        except (RuntimeError, AttributeError, ValueError):
-            pass
-    return ok
+    return [
+        b
+        for b in ("flash", "efficient", "cudnn", "math")
+        if sdpa.available(b, dtype, 128, n_heads=n_heads, n_kv_heads=n_kv, n_q=1)
+    ]
 
 
 def decode_case(

@@ -2,5 +2,44 @@ import os
 
 # Kernel tests run in Triton's interpreter on machines without a GPU; importing kernels sets it up.
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+# Debug mode: launchers also run the checks that read tensor values (block ids, sequence lengths,
+# barrier timeouts), which would cost a host sync per call outside tests (kernels/_validate.py).
+os.environ["GPU_BRRR_DEBUG"] = "1"
+
+import torch  # noqa: E402
 
 import kernels  # noqa: E402,F401
+from kernels import _validate  # noqa: E402
+
+_validate.debug(True)
+
+GUARD = 4096  # elements of poison on each side of a guarded tensor
+
+
+def guarded(t: torch.Tensor, fill: float = float("nan")) -> torch.Tensor:
+    """A contiguous copy of ``t`` that lives inside a larger buffer whose other elements are
+    ``fill`` (NaN, or a huge value for integer tensors): a kernel that reads one element before
+    or after ``t`` (a dropped mask, an off-by-one) sees poison, and its result changes."""
+    buf = torch.full((2 * GUARD + t.numel(),), fill, dtype=t.dtype, device=t.device)
+    view = buf[GUARD : GUARD + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def eager_and_graphed(fn):
+    """``(fn(), the same call captured in a CUDA graph and replayed)``: the eager call first
+    compiles and autotunes (neither may happen during capture), a warm-up on a side stream as
+    PyTorch's graph docs ask, then capture and one replay. Equal results mean the launcher
+    allocates, chooses and launches without reading anything from the host."""
+    eager = fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return eager, out

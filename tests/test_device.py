@@ -22,3 +22,8 @@ def test_describe_names_device_versions_and_mode():
 
 def test_pick():
     assert device.pick("big", "small") == ("big" if device.GPU_MODE else "small")
+
+
+def test_capabilities_are_cached():
+    # Launchers ask on every call: the second answer must come from the cache, not the driver.
+    assert device.capabilities() is device.capabilities()

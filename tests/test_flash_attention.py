@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from conftest import eager_and_graphed, guarded
 
 from kernels import device
 from kernels import flash_attention as fa
@@ -127,6 +128,8 @@ def _t(*shape, dtype=torch.float16):
         (_t(1, 2, 8, 64), _t(1, 2, 9, 64), _t(1, 2, 9, 64), {"causal": True}, ValueError, "Nq == Nk"),
         (_t(1, 2, 8, 64), _t(1, 2, 0, 64), _t(1, 2, 0, 64), {}, ValueError, "at least one key"),
         (_t(1, 2, 8, 64), _t(1, 2, 8, 64), _t(1, 2, 8, 64), {"sm_scale": -1.0}, ValueError, "sm_scale"),
+        (_t(1, 2, 8, 64), _t(1, 2, 8, 64), _t(1, 2, 8, 64), {"sm_scale": math.inf}, ValueError, "finite positive"),
+        (_t(1, 2, 8, 64), _t(1, 2, 8, 64), _t(1, 2, 8, 64), {"sm_scale": math.nan}, ValueError, "finite positive"),
         (_t(1, 2, 8, 64), _t(1, 2, 8, 64), _t(1, 2, 8, 64), {"causal": 1}, TypeError, "causal must be a bool"),
         (_t(1, 2, 64, 8).transpose(2, 3), _t(1, 2, 8, 64), _t(1, 2, 8, 64), {}, ValueError, "q must be contiguous"),
         ([0.0], _t(1, 2, 8, 64), _t(1, 2, 8, 64), {}, TypeError, "q must be a torch.Tensor"),
@@ -135,6 +138,30 @@ def _t(*shape, dtype=torch.float16):
 def test_rejects_bad_input(q, k, v, kw, err, match):
     with pytest.raises(err, match=match):
         fa.attention(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n_q, n_kv", [(17, 17), (33, 70), (70, 33)])
+def test_reads_nothing_outside_its_inputs(n_q, n_kv, causal):
+    """Out-of-bounds detection: q, k, v, the output gradient all inside NaN-filled buffers (one
+    batch and head, so the poison sits right after each tensor's last row). A kernel that reads a
+    row past Nq or Nk (a dropped mask) sees NaN: outputs and gradients must equal, bit for bit,
+    those on clean inputs."""
+    if causal and n_q != n_kv:
+        pytest.skip("causal needs Nq == Nk")
+    q, k, v = _inputs(1, 1, n_q, n_kv, 64, torch.float16, seed=n_q + n_kv)
+    do = torch.randn_like(q)
+
+    def run(q, k, v, do):
+        qg, kg, vg = (x.requires_grad_() for x in (q, k, v))
+        out = fa.attention(qg, kg, vg, causal)
+        out.backward(do)
+        return out.detach(), qg.grad, kg.grad, vg.grad
+
+    clean = run(q.clone(), k.clone(), v.clone(), do)
+    poisoned = run(guarded(q), guarded(k), guarded(v), guarded(do))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), clean, poisoned):
+        assert torch.equal(a, b), name
 
 
 def test_sdpa_rejects_unknown_backend():
@@ -178,3 +205,12 @@ def test_tma_needs_a_hopper_gpu():
     q = _t(1, 2, 8, 64)
     with pytest.raises(ValueError, match="TMA"):
         fa.attention(q, q, q, tma=True)
+
+
+@pytest.mark.skipif(not device.GPU_MODE, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_graph_capture(causal):
+    q, k, v = _inputs(2, 3, 130, 130, 64, torch.float16)
+    with torch.no_grad():
+        eager, graphed = eager_and_graphed(lambda: fa.attention(q, k, v, causal))
+    assert torch.equal(eager, graphed)

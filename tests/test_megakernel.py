@@ -7,11 +7,10 @@ DEV = device.DEVICE
 # Triton's interpreter computes bf16 wrongly (a known limitation): bf16 is checked on GPUs only.
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if device.GPU_MODE else [])
 # (n_layers, batch, width): odd widths leave the last program's slice partly empty.
-SHAPES = [(1, 1, 16), (3, 1, 40), (2, 5, 100), (4, 16, 64), (3, 3, 200)] + (
-    [(8, 1, 1024), (8, 16, 1024), (8, 3, 1000), (8, 1, 2048), (4, 2, 4096)]
-    if device.GPU_MODE
-    else []
-)
+SHAPES = [(1, 1, 16), (3, 1, 40), (2, 5, 100), (4, 16, 64), (3, 3, 200)]
+# Model-sized widths, on a GPU only and in bf16 only: each new shape and dtype compiles its own
+# tiles, about a second a case on an H100, and the other dtypes add nothing the small shapes miss.
+LARGE = [(8, 1, 1024), (8, 16, 1024), (8, 3, 1000), (8, 1, 2048), (4, 2, 4096)]
 GPU_ONLY = pytest.mark.skipif(not device.GPU_MODE, reason="the persistent grid needs a GPU")
 
 
@@ -49,6 +48,13 @@ def test_layered_path_matches_reference(shape, dtype, tile):
         assert _rel_err(out[layer], one) < _tol(dtype)
 
 
+@pytest.mark.skipif(not device.GPU_MODE, reason="model-sized widths: GPU only")
+@pytest.mark.parametrize("shape", LARGE)
+@pytest.mark.parametrize("tile", ["auto", "dot"])
+def test_layered_path_at_model_sizes(shape, tile):
+    test_layered_path_matches_reference(shape, torch.bfloat16, tile)
+
+
 @pytest.mark.parametrize("tile", ["gemv", "dot"])
 @pytest.mark.parametrize("shape", [(3, 1, 40), (2, 5, 48), (4, 2, 64)])
 def test_persistent_kernel_one_program_equals_layered(shape, tile):
@@ -73,6 +79,20 @@ def test_barrier_words_return_to_rest():
     after = megakernel.barrier_state()
     assert after["count"] == 0 and after["timeout"] == 0
     assert after["generation"] == before["generation"] + 3 * (n_layers - 1)
+
+
+def test_barrier_timeout_raises_in_debug_mode(monkeypatch):
+    """A program that gives up at a barrier must not go unnoticed: with a poll budget of zero
+    every wait gives up at once, the timeout word is set and the launch raises (debug mode is on
+    in the tests; on the CPU the check is always on). The word is cleared for the next launch."""
+    x, w, b = _case(3, 1, 32, torch.float32)
+    monkeypatch.setattr(megakernel, "MAX_POLLS", 0)
+    with pytest.raises(RuntimeError, match="timed out at a grid barrier"):
+        megakernel.fused_mlp_stack(x, w, b, persistent=True, max_programs=1)
+    monkeypatch.undo()
+    assert not megakernel.barrier_timeouts()
+    out = megakernel.fused_mlp_stack(x, w, b, persistent=True, max_programs=1)
+    torch.testing.assert_close(out, megakernel.mlp_stack_ref(x, w, b, round_each_layer=True))
 
 
 def test_no_bias_and_no_activation():

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from conftest import eager_and_graphed, guarded
 
 from kernels import device
 from kernels import paged_attention as pa
@@ -44,7 +45,10 @@ def _case(seq_lens, n_heads, n_kv, d, page, dtype, seed=0, spare_blocks=3):
 )
 def test_matches_fp32_reference(seq_lens, n_heads, n_kv, d, page, splits, dtype):
     q, k, v, table, lens = _case(seq_lens, n_heads, n_kv, d, page, dtype, seed=sum(seq_lens))
-    out = pa.paged_decode(q, k, v, table, lens, num_splits=splits)
+    # On a GPU one fixed tile, except for the first case: autotuning every case (five candidates,
+    # each timed) would cost minutes and test nothing more (test_fixed_config_matches_autotuned).
+    config = (32, 4, 2) if device.GPU_MODE and seq_lens != [1, 17, 100] else None
+    out = pa.paged_decode(q, k, v, table, lens, num_splits=splits, config=config)
     assert out.shape == q.shape and out.dtype == dtype
     ref = pa.paged_decode_ref(q, k, v, table, lens)
     assert _rel_err(out, ref) < TOL[dtype]
@@ -194,3 +198,112 @@ _I32 = torch.int32
 def test_bad_input(args, kw, err, match):
     with pytest.raises(err, match=match):
         pa.paged_decode(*args, **kw)
+
+
+@pytest.mark.parametrize("sm_scale", [float("inf"), float("nan"), 0.0])
+def test_sm_scale_must_be_finite_and_positive(sm_scale):
+    q, k, v, table, lens = _case([5], 2, 2, 16, 4, torch.float16)
+    with pytest.raises(ValueError, match="sm_scale must be a finite positive number"):
+        pa.paged_decode(q, k, v, table, lens, sm_scale=sm_scale)
+
+
+def _bad_values():
+    """Cases whose fault is in tensor values: lengths past the block table's capacity, negative
+    lengths, block ids outside the pool."""
+    q, k, v, table, lens = _case([5, 3], 2, 2, 16, 4, torch.float16)
+    capacity = table.shape[1] * 4
+    too_long = torch.tensor([5, capacity + 1], dtype=torch.int32, device=device.DEVICE)
+    negative = torch.tensor([5, -1], dtype=torch.int32, device=device.DEVICE)
+    past_pool, below = table.clone(), table.clone()
+    past_pool[1, 0] = k.shape[0]
+    below[0, 1] = -3
+    return (
+        q,
+        k,
+        v,
+        table,
+        lens,
+        [
+            ((table, too_long), "capacity"),
+            ((table, negative), "seq_lens must be >= 0"),
+            ((past_pool, lens), "outside the pool"),
+            ((below, lens), "block id -3"),
+        ],
+    )
+
+
+def test_bad_values_raise_in_debug_mode():
+    q, k, v, _, _, cases = _bad_values()
+    for (table, lens), match in cases:
+        with pytest.raises(ValueError, match=match):
+            pa.paged_decode(q, k, v, table, lens)
+
+
+def test_unused_table_entries_are_not_checked():
+    """Entries past a sequence's length are never read: any value there is fine."""
+    q, k, v, table, lens = _case([5, 3], 2, 2, 16, 4, torch.float16)
+    want = pa.paged_decode(q, k, v, table, lens, num_splits=1)
+    table[1, 1] = 10**9  # sequence 1 (3 tokens) reads only column 0
+    assert torch.equal(pa.paged_decode(q, k, v, table, lens, num_splits=1), want)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_bad_values_give_nan_without_the_checks(monkeypatch, splits):
+    """Outside debug mode on a GPU the values go unchecked: the kernel must still never read
+    outside the pool or the table, and the sequence at fault answers NaN, never a plausible
+    number; the other sequences are unaffected."""
+    q, k, v, table, lens, cases = _bad_values()
+    want = pa.paged_decode(q, k, v, table, lens, num_splits=splits)
+    monkeypatch.setattr(pa._validate, "check_values", lambda *t: False)
+    for (bad_table, bad_lens), match in cases:
+        out = pa.paged_decode(q, k, v, bad_table, bad_lens, num_splits=splits)
+        fault = 0 if match == "block id -3" else 1
+        assert torch.isnan(out[fault]).all(), match
+        assert torch.equal(out[1 - fault], want[1 - fault]), match
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_reads_nothing_outside_its_inputs(splits):
+    """Out-of-bounds detection: q a strided view with NaN between its rows; caches, table and
+    lengths inside NaN- (or huge-id-) filled buffers; every pool block and table column that no
+    sequence owns, and every token slot past a sequence's end, poisoned too. A kernel that reads
+    one element it should not (a dropped mask, an off-by-one in the page walk) returns NaN or
+    a different number: the result must equal, bit for bit, the one on clean inputs."""
+    seq_lens, page, d = [37, 1, 64, 0], 8, 32
+    q, k, v, table, lens = _case(seq_lens, 4, 2, d, page, torch.float32, seed=3)
+    clean = pa.paged_decode(q, k, v, table, lens, num_splits=splits)
+    torch.testing.assert_close(clean, pa.paged_decode_ref(q, k, v, table, lens), rtol=0, atol=1e-5)
+    used = torch.zeros(k.shape[0], dtype=torch.bool)
+    kp, vp, tp = k.clone(), v.clone(), table.clone()
+    for b, n in enumerate(seq_lens):
+        n_blocks = -(-n // page)
+        used[table[b, :n_blocks].long().cpu()] = True
+        tp[b, n_blocks:] = 10**9  # never read: far outside the pool
+        if n % page:  # the unfilled tail of the last block
+            last = int(table[b, n_blocks - 1])
+            kp[last, :, n % page :] = float("nan")
+            vp[last, :, n % page :] = float("nan")
+    kp[~used.to(kp.device)] = float("nan")
+    vp[~used.to(vp.device)] = float("nan")
+    qbuf = torch.full((q.shape[0], q.shape[1] + 3, d + 5), float("nan"), device=q.device)
+    qbuf[:, 1 : 1 + q.shape[1], 2 : 2 + d] = q
+    qv = qbuf[:, 1 : 1 + q.shape[1], 2 : 2 + d]  # strided: head_dim contiguous only
+    out = pa.paged_decode(
+        qv,
+        guarded(kp),
+        guarded(vp),
+        guarded(tp, 10**9),
+        guarded(lens, 10**9),
+        num_splits=splits,
+    )
+    assert torch.equal(out, clean)
+
+
+@pytest.mark.skipif(not device.GPU_MODE, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("splits", [None, 1])
+def test_cuda_graph_capture(splits):
+    q, k, v, table, lens = _case([37, 1, 200], 8, 2, 64, 16, torch.float16)
+    eager, graphed = eager_and_graphed(
+        lambda: pa.paged_decode(q, k, v, table, lens, num_splits=splits)
+    )
+    assert torch.equal(eager, graphed)

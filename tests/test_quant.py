@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import eager_and_graphed, guarded
 
 from kernels import device, quant
 
@@ -11,11 +12,13 @@ DEV = device.DEVICE
 DTYPES = [torch.float16] + ([torch.bfloat16] if device.GPU_MODE else [])
 # (bits, group_size): int8 per channel and grouped, int4 grouped and per channel.
 SCHEMES = [(8, None), (8, 64), (4, 32), (4, 128), (4, None)]
-SHAPES = [(1, 33, 256), (3, 17, 384), (5, 40, 128), (16, 24, 256), (37, 65, 512)] + (
-    [(1, 4100, 4096), (4, 1823, 2048), (16, 8192, 1024), (200, 1000, 2048)]
-    if device.GPU_MODE
-    else []
+# Small odd shapes for every scheme and dtype. A GPU autotunes every new shape (each candidate
+# compiled and timed), so there it takes three of them, and the model-sized shapes with the two
+# schemes models use, in bf16 (on an H100 the first 119 cases of the full cross product took 140 s).
+SHAPES = [(1, 33, 256), (3, 17, 384), (5, 40, 128)] + (
+    [] if device.GPU_MODE else [(16, 24, 256), (37, 65, 512)]
 )
+LARGE = [(1, 4100, 4096), (4, 1823, 2048), (16, 8192, 1024), (200, 1000, 2048)]
 
 
 def _rel(out, ref) -> float:
@@ -123,6 +126,13 @@ def test_gemv_matches_fp32_reference(mnk, bits, group, dtype):
     _gemv_case(*mnk, bits, group, dtype, None)
 
 
+@pytest.mark.skipif(not device.GPU_MODE, reason="model-sized shapes: GPU only")
+@pytest.mark.parametrize("bits, group", [(4, 128), (8, None)])
+@pytest.mark.parametrize("mnk", LARGE)
+def test_gemv_matches_fp32_reference_at_model_sizes(mnk, bits, group):
+    _gemv_case(*mnk, bits, group, torch.bfloat16, None)
+
+
 @pytest.mark.parametrize("bits, group", [(4, 32), (8, None)])
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 def test_both_paths_agree_for_small_batches(m, bits, group):
@@ -180,9 +190,10 @@ def test_default_path_falls_back_when_the_cuda_build_fails(monkeypatch):
     def broken():
         raise RuntimeError("Error building extension 'gpu_brrr_int4_gemv_mma'")
 
-    monkeypatch.setattr(quant, "_int4_mma_misfit", lambda x2, qw: None)
-    monkeypatch.setattr(quant, "int4_mma_unavailable", lambda: None)
-    monkeypatch.setattr(quant, "_int4_mma_module", broken)
+    # gemv looks these up in kernels.quant.cuda_int4, their one home.
+    monkeypatch.setattr(quant.cuda_int4, "_int4_mma_misfit", lambda x2, qw: None)
+    monkeypatch.setattr(quant.cuda_int4, "int4_mma_unavailable", lambda: None)
+    monkeypatch.setattr(quant.cuda_int4, "_int4_mma_module", broken)
     quant._int4_mma_build_error.cache_clear()
     try:
         with pytest.warns(UserWarning, match="using Triton"):
@@ -234,25 +245,79 @@ def test_gemv_writes_every_output():
     assert torch.isfinite(quant.gemv(x, qw)).all()
 
 
-_QW = quant.quantize(torch.randn(8, 64), 4, 32)
-
-
 @pytest.mark.parametrize(
     "x, qw, kw, err, match",
     [
         (torch.zeros(2, 64, dtype=torch.float16), "w", {}, TypeError, "qw must be a QuantizedWeight"),
-        (torch.zeros(2, 64), _QW, {}, TypeError, "x must have dtype"),
-        (torch.zeros(2, 32, dtype=torch.float16), _QW, {}, ValueError, "K = 32"),
-        (torch.zeros(2, 2, 64, dtype=torch.float16), _QW, {}, ValueError, "x must be 1-D"),
-        (torch.zeros(64, 2, dtype=torch.float16).t(), _QW, {}, ValueError, "x must be contiguous"),
-        (torch.zeros(8, 64, dtype=torch.float16), _QW, {"path": "gemv"}, ValueError, "at most 4 rows"),
-        (torch.zeros(2, 64, dtype=torch.float16), _QW, {"path": "cublas"}, ValueError, "path must be"),
-        (torch.zeros(2, 64, dtype=torch.float16), _QW, {"split_k": 3}, ValueError, "split_k must be"),
+        (torch.zeros(2, 64), None, {}, TypeError, "x must have dtype"),
+        (torch.zeros(2, 32, dtype=torch.float16), None, {}, ValueError, "K = 32"),
+        (torch.zeros(2, 2, 64, dtype=torch.float16), None, {}, ValueError, "x must be 1-D"),
+        (torch.zeros(64, 2, dtype=torch.float16).t(), None, {}, ValueError, "x must be contiguous"),
+        (torch.zeros(8, 64, dtype=torch.float16), None, {"path": "gemv"}, ValueError, "at most 4 rows"),
+        (torch.zeros(2, 64, dtype=torch.float16), None, {"path": "cublas"}, ValueError, "path must be"),
+        (torch.zeros(2, 64, dtype=torch.float16), None, {"split_k": 3}, ValueError, "split_k must be"),
     ],
 )  # fmt: skip
 def test_gemv_rejects_bad_input(x, qw, kw, err, match):
+    # qw=None: a valid weight built here, on x's device, so that only the named fault is wrong
+    # (a weight built at import on the CPU would trip the device check first on a GPU).
+    if qw is None:
+        qw = quant.quantize(torch.randn(8, 64, device=DEV), 4, 32)
     with pytest.raises(err, match=match):
         quant.gemv(x.to(DEV), qw, **kw)
+
+
+def test_gemv_rejects_a_weight_on_another_device():
+    qw = quant.quantize(torch.randn(8, 64), 4, 32)  # on the CPU
+    x = torch.zeros(2, 64, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match="one device"):
+        quant.gemv(x, qw)
+
+
+def _fields(qw, **change):
+    f = dict(data=qw.data, scales=qw.scales, bits=qw.bits, group_size=qw.group_size, shape=qw.shape)
+    return {**f, **change}
+
+
+@pytest.mark.parametrize(
+    "change, err, match",
+    [
+        (lambda q: {"data": q.data.to(torch.int8)}, TypeError, "data must have dtype"),
+        (lambda q: {"data": q.data[:, :16].contiguous()}, ValueError, "data of an int4"),
+        (lambda q: {"data": q.data.t().contiguous().t()}, ValueError, "data must be contiguous"),
+        (lambda q: {"scales": q.scales.float()}, TypeError, "scales must have dtype"),
+        (lambda q: {"scales": q.scales[:, :1].contiguous()}, ValueError, "scales must be"),
+        (lambda q: {"bits": 3}, ValueError, "bits must be 4 or 8"),
+        (lambda q: {"bits": 8}, TypeError, "data must have dtype"),
+        (lambda q: {"group_size": 48}, ValueError, "group_size must"),
+        (lambda q: {"group_size": 32.0}, ValueError, "group_size must be an int"),
+        (lambda q: {"shape": (8, 65)}, ValueError, "int4 packs two values a byte"),
+        (lambda q: {"shape": [8, 64]}, ValueError, "shape must be a tuple"),
+        (lambda q: {"shape": (0, 64)}, ValueError, "shape must be a tuple"),
+    ],
+)
+def test_quantized_weight_checks_its_fields(change, err, match):
+    qw = quant.quantize(torch.randn(8, 64), 4, 32)
+    with pytest.raises(err, match=match):
+        quant.QuantizedWeight(**_fields(qw, **change(qw)))
+    assert quant.QuantizedWeight(**_fields(qw)).shape == (8, 64)  # the valid one builds
+
+
+@pytest.mark.parametrize("split", [None, 2])
+@pytest.mark.parametrize("path", ["gemv", "mma"])
+@pytest.mark.parametrize("bits, group", [(4, 32), (8, None)])
+def test_reads_nothing_outside_its_inputs(bits, group, path, split):
+    """Out-of-bounds detection: x, the packed weight and the scales inside poisoned buffers (NaN
+    activations and scales, all-ones weight bytes), at a width N and a depth K off every tile.
+    A kernel that reads past a row of x, a row of the weight or the scale table sees poison: the
+    result must equal, bit for bit, the one on clean inputs."""
+    m, n, k = 3, 37, 192
+    qw = quant.quantize(torch.randn(n, k, device=DEV) * 0.02, bits, group)
+    x = torch.randn(m, k, device=DEV, dtype=torch.float16)
+    clean = quant.gemv(x, qw, path=path, split_k=split)
+    data = guarded(qw.data, 0xFF if bits == 4 else -1)
+    qp = quant.QuantizedWeight(data, guarded(qw.scales), bits, qw.group_size, qw.shape)
+    assert torch.equal(quant.gemv(guarded(x), qp, path=path, split_k=split), clean)
 
 
 def test_max_block_k():
@@ -469,3 +534,27 @@ def test_ptx_unpacking_is_exact(kind):
             signed = [b - 256 if b > 127 else b for b in bs]
             if -128 not in signed:  # quantize never stores -128
                 assert _halves(_run_ptx(asm8, [word], 2), kind) == signed
+
+
+@pytest.mark.parametrize("late", [False, True])
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("bits, group", [(4, 128), (8, None)])
+def test_prefetch_gemv_probe_kernel(bits, group, prefetch, late):
+    """The prefetching CUDA-core GEMV that scripts/gpu/quant_probe.py times (one row of x)."""
+    from kernels.quant import prefetch as pf
+
+    qw = quant.quantize(torch.randn(40, 256, device=DEV) * 0.02, bits, group)
+    x = torch.randn(1, 256, device=DEV, dtype=torch.float16)
+    for split in (1, 2):
+        y = pf.launch(x, qw, 16, 64, 4, split, prefetch, late)
+        assert _rel(y, quant.gemv_ref(x, qw)) < 2e-3
+
+
+@pytest.mark.skipif(not device.GPU_MODE, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("m, bits, group", [(1, 4, 128), (3, 8, None), (24, 4, 128)])
+def test_cuda_graph_capture(m, bits, group):
+    """The default path (the CUDA int4 kernel where it builds, Triton otherwise) in a graph."""
+    qw = quant.quantize(torch.randn(256, 1024, device=DEV) * 0.02, bits, group)
+    x = torch.randn(m, 1024, device=DEV, dtype=torch.bfloat16)
+    eager, graphed = eager_and_graphed(lambda: quant.gemv(x, qw))
+    assert torch.equal(eager, graphed)

@@ -138,3 +138,20 @@ def test_every_searched_config_is_correct(step):
     for i, cfg in enumerate(ladder.SEARCH_SPACES[step]):
         out = ladder.sgemm(a, b, step, config=i)
         assert ((out - ref).norm() / ref.norm()).item() < 1e-5, cfg
+
+
+@gpu
+def test_builds_pass_arch_flags_and_leave_the_environment_alone():
+    """Both CUDA builds (the ladder, quant's int4 GEMV) name the current GPU's architecture in their
+    own nvcc flags instead of setting the process-wide TORCH_CUDA_ARCH_LIST."""
+    import os
+
+    from kernels import quant
+
+    before = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    ladder.build()
+    if quant.int4_mma_unavailable() is None:
+        quant._int4_mma_module()
+    assert os.environ.get("TORCH_CUDA_ARCH_LIST") == before
+    major, minor = torch.cuda.get_device_capability()
+    assert ladder.arch_flags() == (f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",)

@@ -73,6 +73,12 @@ SEARCH_SPACES = {7: TUNE_CONFIGS, 8: WARPTILE_CONFIGS}
 DEFAULT_CONFIGS = {7: (128, 128, 8, 8, 8), 8: (128, 128, 16, 64, 64, 4, 8, 4, 1)}
 
 
+@functools.cache
+def _tuned_table() -> dict:
+    """sgemm_tuned.json, read once (``tune`` clears this cache when it writes the file)."""
+    return json.loads(TUNED_JSON.read_text()) if TUNED_JSON.exists() else {}
+
+
 def tuned_config(step: int = 7, gpu_name: str | None = None) -> int:
     """Index into ``SEARCH_SPACES[step]`` of the best configuration measured on this GPU
     (kernels.cuda.tune), or of the default shape when this GPU has not been tuned."""
@@ -80,21 +86,31 @@ def tuned_config(step: int = 7, gpu_name: str | None = None) -> int:
         raise ValueError(
             f"step must be one of the searched steps {sorted(SEARCH_SPACES)}, got {step!r}"
         )
-    table = json.loads(TUNED_JSON.read_text()) if TUNED_JSON.exists() else {}
     name = gpu_name or device.capabilities().name
-    entry = table.get(name, {}).get(f"step{step}")
+    entry = _tuned_table().get(name, {}).get(f"step{step}")
     if entry is not None and tuple(entry["config"]) in SEARCH_SPACES[step]:
         return SEARCH_SPACES[step].index(tuple(entry["config"]))
     return SEARCH_SPACES[step].index(DEFAULT_CONFIGS[step])
 
 
+@functools.cache
 def unavailable_reason() -> str | None:
-    """Why the CUDA ladder cannot run here, or None when it can."""
+    """Why the CUDA ladder cannot run here, or None when it can (asked once per process: the
+    answer cannot change while it runs, and ``shutil.which`` walks the PATH)."""
     if not device.GPU_MODE or torch.version.cuda is None:
         return "kernels.cuda needs an NVIDIA GPU with a CUDA build of PyTorch (none here)"
     if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
         return "kernels.cuda needs nvcc (the CUDA toolkit) to build its kernels"
     return None
+
+
+@functools.cache
+def arch_flags() -> tuple[str, ...]:
+    """nvcc flags that build for the current GPU only (``sm_90`` on an H100, ``sm_80`` on an A100),
+    passed explicitly to each build: torch's own default reads ``TORCH_CUDA_ARCH_LIST``, and editing
+    that process-wide variable would change every later extension build of the process."""
+    major, minor = torch.cuda.get_device_capability()
+    return (f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",)
 
 
 def source() -> str:
@@ -109,14 +125,12 @@ def _module():
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(reason)
-    major, minor = torch.cuda.get_device_capability()
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")  # build for this GPU only
     return load_inline(
         name="gpu_brrr_sgemm",
         cpp_sources="torch::Tensor sgemm(torch::Tensor a, torch::Tensor b, int64_t step, int64_t config);",
         cuda_sources=source() + "\n" + (HERE / "sgemm_bindings.cu").read_text(),
         functions=["sgemm"],
-        extra_cuda_cflags=["-O3", "-lineinfo", "-std=c++17"],
+        extra_cuda_cflags=["-O3", "-lineinfo", "-std=c++17", *arch_flags()],
         verbose=False,
     )
 
@@ -206,6 +220,7 @@ def tune(step: int = 7, n: int = 4096, save: bool = True) -> list[dict]:
         entry = {"size": n, **rows[0], "searched": len(rows)}
         table.setdefault(device.capabilities().name, {})[f"step{step}"] = entry
         TUNED_JSON.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        _tuned_table.cache_clear()
     return rows
 
 

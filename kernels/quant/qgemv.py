@@ -1,0 +1,452 @@
+"""The two Triton dequantize-GEMV kernels and ``gemv``, the launcher that picks among them and the
+CUDA C++ int4 kernel (``kernels.quant.cuda_int4``). See ``kernels.quant`` for what each path does."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import _validate, bench, device, launch, roofline
+from kernels.quant import cuda_int4
+from kernels.quant.formats import (
+    SUPPORTED_DTYPES,
+    QuantizedWeight,
+    _check_qw,
+    dequantize,
+    gemv_bytes,
+    quantize,
+)
+from kernels.quant.ptx import _unpack_int4, _unpack_int8
+
+GEMV_MAX_M = 4  # the most rows the CUDA-core kernel (path="gemv") takes
+MAX_M_BLOCK = 128  # the tensor-core kernel's largest row tile
+
+
+@triton.jit
+def _gemv_kernel(
+    # pointers
+    x_ptr,  # [M, K] activations, fp16/bf16
+    w_ptr,  # [N, KP] int8 (BITS=8) or packed uint8 (BITS=4)
+    s_ptr,  # [N, n_groups] fp16 scales
+    y_ptr,  # [M, N] output (x's dtype), or fp32 when SPLIT_K > 1
+    # sizes
+    M,
+    N,
+    KP,  # packed columns per row: K for int8, K // 2 for int4
+    n_groups,
+    group_size,
+    # strides
+    stride_xm,
+    stride_ym,
+    # meta-parameters
+    BITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    USE_ASM: tl.constexpr,
+):
+    # Reads BLOCK_N weight rows once, every x row once per tile (from L1/L2: x is tiny), writes
+    # BLOCK_N outputs per activation row. The products are summed along K inside each tile (the
+    # reduction stays in the load's register layout: no shuffling of the unpacked weights), then
+    # scaled once per tile and row.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    dt = x_ptr.dtype.element_ty
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Rows past N wrap around (modulo) so the weight loads need no row mask; the store drops them.
+    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * KP
+    s_rows = s_ptr + rows.to(tl.int64) * n_groups
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_tiles = tl.cdiv(KP, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    for t in range(pid_k * per_split, tl.minimum(pid_k * per_split + per_split, k_tiles)):
+        kk = t * BLOCK_K + offs_k
+        k_ok = kk < KP
+        # A tile lies inside one scale group (the launcher guarantees it), so one scale per row.
+        s_lo = tl.load(s_rows + (t * BLOCK_K) // group_size).to(tl.float32)
+        b = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0)
+        if BITS == 4:
+            s_hi = tl.load(s_rows + (KP + t * BLOCK_K) // group_size).to(tl.float32)
+            lo, hi = _unpack_int4(b, dt, USE_ASM)
+            lo = lo.to(tl.float32)
+            hi = hi.to(tl.float32)
+        else:
+            lo = _unpack_int8(b, dt, USE_ASM).to(tl.float32)
+        # One activation row at a time (unrolled): each is a vector load of BLOCK_K values that
+        # every weight row of the tile reuses; fp32 FMAs on the CUDA cores.
+        for m in tl.static_range(BLOCK_M):
+            x_ok = k_ok & (m < M)
+            x_lo = tl.load(x_ptr + m * stride_xm + kk, mask=x_ok, other=0.0).to(tl.float32)
+            p = tl.sum(lo * x_lo[None, :], axis=1) * s_lo
+            if BITS == 4:
+                x_hi = tl.load(x_ptr + m * stride_xm + KP + kk, mask=x_ok, other=0.0)
+                p += tl.sum(hi * x_hi.to(tl.float32)[None, :], axis=1) * s_hi
+            acc += tl.where(offs_m[:, None] == m, p[None, :], 0.0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
+    y_ok = (offs_m[:, None] < M) & (cols[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
+    else:
+        tl.atomic_add(y_ptrs, acc, mask=y_ok, sem="relaxed")
+
+
+@triton.jit
+def _qmm_kernel(
+    # pointers
+    x_ptr,  # [M, K] activations, fp16/bf16
+    w_ptr,  # [N, KP] int8 (BITS=8) or packed uint8 (BITS=4)
+    s_ptr,  # [N, n_groups] fp16 scales
+    y_ptr,  # [M, N] output (x's dtype), or fp32 when SPLIT_K > 1
+    # sizes
+    M,
+    N,
+    KP,
+    n_groups,
+    group_size,
+    # strides
+    stride_xm,
+    stride_ym,
+    # meta-parameters
+    BITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    USE_ASM: tl.constexpr,
+):
+    # Programs that share a weight tile (same pid_n, all pid_m) are numbered consecutively, so they
+    # run together and the tile comes from HBM once and from L2 after that.
+    num_m = tl.cdiv(M, BLOCK_M)
+    pid_m = tl.program_id(0) % num_m
+    pid_n = tl.program_id(0) // num_m
+    pid_k = tl.program_id(1)
+    dt = x_ptr.dtype.element_ty
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * KP
+    s_rows = s_ptr + rows.to(tl.int64) * n_groups
+    # Rows of x past M are masked, not wrapped: with M = 1 the other 15 rows of the tile cost
+    # no memory traffic.
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    m_ok = offs_m[:, None] < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_tiles = tl.cdiv(KP, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    for t in range(pid_k * per_split, tl.minimum(pid_k * per_split + per_split, k_tiles)):
+        kk = t * BLOCK_K + offs_k
+        k_ok = kk < KP
+        s_lo = tl.load(s_rows + (t * BLOCK_K) // group_size).to(tl.float32)
+        b = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0)
+        x_lo = tl.load(x_rows + kk[None, :], mask=m_ok & k_ok[None, :], other=0.0)
+        if BITS == 4:
+            s_hi = tl.load(s_rows + (KP + t * BLOCK_K) // group_size).to(tl.float32)
+            x_hi = tl.load(x_rows + KP + kk[None, :], mask=m_ok & k_ok[None, :], other=0.0)
+            # Integers in [-8, 7] are exact in fp16 and bf16: the tensor cores see q, unscaled,
+            # and the group scale multiplies the fp32 partial product, once per output.
+            lo, hi = _unpack_int4(b, dt, USE_ASM)
+            p_lo = tl.dot(x_lo, tl.trans(lo))
+            p_hi = tl.dot(x_hi, tl.trans(hi))
+            acc += p_lo * s_lo[None, :] + p_hi * s_hi[None, :]
+        else:
+            # int8 in [-127, 127] is exact in fp16 and bf16 too.
+            p = tl.dot(x_lo, tl.trans(_unpack_int8(b, dt, USE_ASM)))
+            acc += p * s_lo[None, :]
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + cols[None, :]
+    y_ok = m_ok & (cols[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
+    else:
+        tl.atomic_add(y_ptrs, acc, mask=y_ok, sem="relaxed")
+
+
+# Candidate tiles (BLOCK_N, BLOCK_K in bytes, num_warps, num_stages). Few on purpose: each one is a
+# compile (seconds) the first time a shape is seen. Chosen by reasoning about an H100, and timed by
+# the autotuner on whatever GPU runs them: BLOCK_K = 128 bytes is one 128-byte line per weight row
+# and tile; small BLOCK_N gives a 8192-row weight enough programs to fill 132 SMs; 3-4 stages keep
+# about 24-32 KB of weights in flight per SM, what HBM needs to stay busy.
+_GEMV_TILES = [(16, 128, 4, 3), (32, 128, 4, 3), (32, 64, 4, 3), (64, 128, 8, 3)]
+# Tensor-core kernel: up to 32 rows of x the tile is mostly weights (4 warps); larger row tiles need
+# 8 warps for their accumulators.
+_QMM_TILES_SMALL_M = [(32, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 4, 3)]
+_QMM_TILES_LARGE_M = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)]
+
+
+def _configs(tiles) -> list[triton.Config]:
+    if device.INTERPRET:  # the interpreter cannot autotune: one small, always-valid tile
+        return [triton.Config({"BLOCK_N": 16, "BLOCK_K": 16}, num_warps=4)]
+    return [
+        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+        for bn, bk, w, s in tiles
+    ]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Keep the tiles meant for this row-tile size whose K tile fits inside one scale group."""
+    args = {**named_args, **kwargs}
+    kp, g = args["KP"], args["group_size"]
+    k = 2 * kp if args["BITS"] == 4 else kp
+    limit = max_block_k(k, kp, g)
+    if len(configs) == len(_QMM_TILES) and not device.INTERPRET:  # the tensor-core set
+        n_small = len(_QMM_TILES_SMALL_M)
+        configs = configs[n_small:] if args["BLOCK_M"] > 32 else configs[:n_small]
+    kept = [c for c in configs if c.kwargs["BLOCK_K"] <= limit]
+    if kept:
+        return kept
+    c = configs[0]
+    return [triton.Config({**c.kwargs, "BLOCK_K": limit}, num_warps=c.num_warps)]
+
+
+def _autotuned(kernel, configs, zero_y: bool):
+    # Keyed on the row tile (not M itself, so a batch sweep does not retune every M), the problem
+    # and the grouping. With SPLIT_K > 1 the output accumulates with atomics, so the autotuner must
+    # zero it between trials.
+    # A GEMV runs for microseconds: 5 ms of warm-up and 20 of timing per candidate rank them as
+    # well as Triton's default 25 + 100 ms, and a new shape's first call waits a fifth as long.
+    return triton.autotune(
+        configs=configs,
+        key=["BLOCK_M", "N", "KP", "group_size", "BITS", "SPLIT_K", "USE_ASM"],
+        prune_configs_by={"early_config_prune": _prune},
+        reset_to_zero=["y_ptr"] if zero_y else None,
+        do_bench=functools.partial(triton.testing.do_bench, warmup=5, rep=20),
+    )(kernel)
+
+
+_QMM_TILES = _QMM_TILES_SMALL_M + _QMM_TILES_LARGE_M
+_GEMV = _autotuned(_gemv_kernel, _configs(_GEMV_TILES), zero_y=False)
+_GEMV_SPLIT = _autotuned(_gemv_kernel, _configs(_GEMV_TILES), zero_y=True)
+_QMM = _autotuned(_qmm_kernel, _configs(_QMM_TILES), zero_y=False)
+_QMM_SPLIT = _autotuned(_qmm_kernel, _configs(_QMM_TILES), zero_y=True)
+
+
+def max_block_k(k: int, kp: int, group_size: int) -> int:
+    """Widest power-of-two K tile (in packed columns) that never straddles a scale group: it must
+    divide the group and, for int4, the offset ``kp = K/2`` of the high nibbles' half-row."""
+    if group_size == k:
+        return 1 << 30  # one group per row: any tile, the last one masked
+    span = math.gcd(group_size, kp)
+    return span & -span  # its largest power-of-two divisor
+
+
+def _pick_split_k(n_programs: int, k_tiles: int) -> int:
+    """Split K across programs only when even the narrowest tiles leave SMs idle (weights of a few
+    thousand rows or fewer): the fp32 atomics, the zeroed output and the final cast cost two
+    extra launches, a visible share of a 10 µs GEMV."""
+    if not device.GPU_MODE:
+        return 1
+    sms = launch.sm_count()
+    split = 1
+    while n_programs * split < sms and split * 2 <= max(k_tiles // 4, 1):
+        split *= 2
+    return split
+
+
+@functools.cache
+def _use_asm(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """The PTX unpacking needs an NVIDIA GPU (not the interpreter); its bf16 form uses packed bf16
+    math (sm_80+), its fp16 form runs on anything a course GPU has (sm_53+)."""
+    cap = device.capabilities()
+    if not (device.GPU_MODE and cap.vendor == "NVIDIA"):
+        return False
+    return cap.compute_capability >= ((8, 0) if dtype is torch.bfloat16 else (5, 3))
+
+
+def gemv(
+    x: torch.Tensor,
+    qw: QuantizedWeight,
+    *,
+    path: str | None = None,
+    split_k: int | None = None,
+    fast_unpack: bool | None = None,
+) -> torch.Tensor:
+    """``x @ dequantize(qw).T`` fused: ``x: [M, K]`` or ``[K]`` in fp16/bf16, result in x's dtype.
+
+    ``path``: "cuda" (the CUDA C++ tensor-core kernel for int4, groups of 128, bf16, M <= 8; the
+    default where ``int4_mma_unavailable`` is None and the shape fits), "mma" (Triton, tensor
+    cores, any M; the default otherwise, and whenever ``split_k`` or ``fast_unpack`` is given) or
+    "gemv" (CUDA-core FMAs, M <= 4: the textbook GEMV, kept to measure against). ``split_k``: force a K split (default: only when N is
+    too small to fill the GPU). ``fast_unpack``: the PTX unpacking (default where it runs: NVIDIA
+    sm_80+) or False for the portable Triton code.
+    """
+    _check_qw(qw)
+    _validate.tensor("x", x, dtypes=SUPPORTED_DTYPES)
+    if x.ndim not in (1, 2):
+        raise ValueError(f"x must be 1-D [K] or 2-D [M, K], got shape {tuple(x.shape)}")
+    n, k = qw.shape
+    x2 = x.reshape(1, -1) if x.ndim == 1 else x
+    m = x2.shape[0]
+    if x2.shape[1] != k:
+        raise ValueError(f"x has K = {x2.shape[1]} but qw was quantized with K = {k}")
+    if x.device != qw.data.device:
+        raise ValueError(f"x and qw must be on one device, got {x.device} and {qw.data.device}")
+    if path not in (None, "gemv", "mma", "cuda"):
+        raise ValueError(f"path must be None, 'cuda', 'gemv' or 'mma', got {path!r}")
+    if path == "cuda":
+        why = cuda_int4._int4_mma_misfit(x2, qw) or cuda_int4.int4_mma_unavailable()
+        if why:
+            raise ValueError(f"path='cuda' cannot run here: {why}")
+    if path is None and (split_k is not None or fast_unpack is not None):
+        path = "mma"  # the Triton kernel's own knobs ask for the Triton kernel
+    if path is None:
+        path = (
+            "cuda"
+            if not (cuda_int4._int4_mma_misfit(x2, qw) or cuda_int4.int4_mma_unavailable())
+            else "mma"
+        )
+        if path == "cuda" and cuda_int4._int4_mma_build_error() is not None:
+            path = "mma"  # the build failed once (warned then): the Triton kernel serves
+    if path == "cuda":
+        if m == 0:
+            return torch.empty((n,) if x.ndim == 1 else (m, n), device=x.device, dtype=x.dtype)
+        w_packed, s_packed = cuda_int4.repack_int4_mma(qw)
+        cfg = cuda_int4._int4_mma_config(n, k)
+        y = cuda_int4._int4_mma_module().int4_gemv_mma(w_packed, s_packed, x2.contiguous(), *cfg)
+        return y.reshape((n,) if x.ndim == 1 else (m, n))
+    if path == "gemv" and m > GEMV_MAX_M:
+        raise ValueError(f"path='gemv' handles at most {GEMV_MAX_M} rows, got M = {m}")
+    if split_k is not None:
+        _validate.positive_power_of_two("split_k", split_k)
+    use_asm = _use_asm(x.dtype) if fast_unpack is None else bool(fast_unpack)
+    if use_asm and not _use_asm(x.dtype):
+        raise ValueError(
+            "fast_unpack=True needs an NVIDIA GPU (compute capability 8.0+ for bf16 activations)"
+        )
+    y_shape = (n,) if x.ndim == 1 else (m, n)
+    if m == 0:
+        return torch.empty(y_shape, device=x.device, dtype=x.dtype)
+    kp = qw.data.shape[1]
+    if path == "gemv":
+        block_m = triton.next_power_of_2(m)
+        plain, split_kernel = _GEMV, _GEMV_SPLIT
+        n_programs = triton.cdiv(n, 32)
+    else:
+        block_m = max(16, min(MAX_M_BLOCK, triton.next_power_of_2(m)))
+        plain, split_kernel = _QMM, _QMM_SPLIT
+        n_programs = triton.cdiv(n, 32) * triton.cdiv(m, block_m)
+    split = split_k or _pick_split_k(n_programs, triton.cdiv(kp, 128))
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype) if split == 1 else None
+    if split > 1:
+        y = torch.zeros(m, n, device=x.device, dtype=torch.float32)
+
+    def grid(meta):
+        tiles_n = triton.cdiv(n, meta["BLOCK_N"])
+        return (tiles_n * (1 if path == "gemv" else triton.cdiv(m, block_m)), split)
+
+    kernel = plain if split == 1 else split_kernel
+    kernel[grid](
+        x2,
+        qw.data,
+        qw.scales,
+        y,
+        m,
+        n,
+        kp,
+        qw.scales.shape[1],
+        qw.group_size,
+        x2.stride(0),
+        y.stride(0),
+        BITS=qw.bits,
+        BLOCK_M=block_m,
+        SPLIT_K=split,
+        USE_ASM=use_asm,
+    )
+    if split > 1:
+        y = y.to(x.dtype)
+    return y.reshape(y_shape)
+
+
+def gemv_ref(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+    """The reference: ``x @ dequantize(qw).T`` in fp32, cast to x's dtype."""
+    return (x.float() @ dequantize(qw).T).to(x.dtype)
+
+
+# --------------------------------------------------------------------------- compile, bench
+
+_QSIG = {"M": "i32", "N": "i32", "KP": "i32", "n_groups": "i32", "group_size": "i32"}
+_QSIG |= {"stride_xm": "i32", "stride_ym": "i32"}
+COMPILE_SPECS = [
+    dict(
+        kernel=kernel,
+        signature={
+            "x_ptr": f"*{t}",
+            "w_ptr": "*u8" if bits == 4 else "*i8",
+            "s_ptr": "*fp16",
+            "y_ptr": f"*{t}" if split == 1 else "*fp32",
+            **_QSIG,
+        },
+        constexprs={
+            "BITS": bits,
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "BLOCK_K": 128,
+            "SPLIT_K": split,
+            "USE_ASM": asm,
+        },
+        options={"num_warps": 4},
+        # The bf16 PTX unpacking uses packed bf16 fma (sm_80+); fp16 and portable: anywhere.
+        min_cc=80 if asm and t == "bf16" else 0,
+    )
+    for kernel, bm, bn in ((_gemv_kernel, 1, 32), (_gemv_kernel, 4, 16), (_qmm_kernel, 16, 64))
+    for t in ("fp16", "bf16")
+    for bits in (4, 8)
+    for split, asm in ((1, True), (4, True), (1, False))
+] + [
+    dict(  # the largest row tile of the batch sweep: 8 warps, 80 KB of shared memory a stage
+        kernel=_qmm_kernel,
+        signature={"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp16", "y_ptr": "*bf16"} | _QSIG,
+        constexprs={"BITS": 4, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 1}
+        | {"USE_ASM": True},
+        options={"num_warps": 8, "num_stages": 3},
+        min_cc=90,
+    )
+]
+
+# (N, K) of the benchmarked weights: a square 8192 projection and a 70B-class MLP's up (N=28672)
+# and down (K=28672) projections.
+GEMV_SHAPES = [(8192, 8192), (28672, 8192), (8192, 28672)]
+
+
+def bench_gemv(n: int, k: int, m: int = 1, schemes=(("int4", 4, 128), ("int8", 8, None))):
+    """Time bf16 cuBLAS (``x @ w.T``) and the fused kernel for each (name, bits, group) scheme at
+    one shape, same run. Returns ``{name: Measurement}`` with "bf16" the baseline (fp16 in the
+    CPU interpreter, whose bf16 arithmetic is wrong)."""
+    dt = device.preferred_dtype(torch.bfloat16) if device.GPU_MODE else torch.float16
+    w = torch.randn(n, k, device=device.DEVICE, dtype=dt) * 0.02
+    x = torch.randn(m, k, device=device.DEVICE, dtype=dt)
+    out = {"bf16": bench.measure(lambda: x @ w.T, bytes=gemv_bytes(m, n, k, "bf16"))}
+    for name, bits, group in schemes:
+        qw = quantize(w, bits, group)
+        y = gemv(x, qw)
+        torch.testing.assert_close(y.float(), gemv_ref(x, qw).float(), rtol=2e-2, atol=2e-2)
+        nbytes = gemv_bytes(m, n, k, bits, group)
+        out[name] = bench.measure(lambda qw=qw: gemv(x, qw), bytes=nbytes)
+    return out
+
+
+@bench.register("quant_gemv")
+def _bench_quant_gemv(quick: bool) -> list[dict]:
+    if not device.GPU_MODE:
+        print("quant_gemv benchmark skipped: weight-streaming timings need a GPU")
+        return []
+    copy = roofline.copy_bandwidth()
+    recs = []
+    for n, k in GEMV_SHAPES[:1] if quick else GEMV_SHAPES:
+        for m in (1,) if quick else (1, 16):
+            res = bench_gemv(n, k, m)
+            base = res.pop("bf16")
+            dt = device.preferred_dtype(torch.bfloat16)
+            for name, meas in res.items():
+                recs.append(bench.record("quant_gemv", name, (m, n, k), dt, meas,
+                                         baseline=("cublas-bf16", base), ceiling=("copy", copy.value)))  # fmt: skip
+            recs.append(bench.record("quant_gemv", "cublas-bf16", (m, n, k), dt, base,
+                                     ceiling=("copy", copy.value)))  # fmt: skip
+    return recs

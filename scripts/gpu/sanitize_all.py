@@ -1,0 +1,229 @@
+"""Every kernel of the package once, at small odd shapes: the program `make gpu-test` runs under
+``compute-sanitizer --tool memcheck`` (out-of-bounds and misaligned accesses, on the real GPU).
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python scripts/gpu/sanitize_all.py
+
+Each call is also checked against its reference (loosely: the point here is memory safety, the
+tests check accuracy), and prints one line. Shapes are off every tile size, so that masked tails,
+partial tiles and splits are exercised. Exits 1 if any call raised or was wrong.
+"""
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from kernels import device  # noqa: E402
+
+DEV = device.DEVICE
+BF16 = device.preferred_dtype(torch.bfloat16) if device.GPU_MODE else torch.float16
+
+
+def close(out, ref, tol=3e-2):
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+def rnd(*shape, dtype=torch.float16, scale=1.0):
+    return (torch.randn(*shape, device=DEV) * scale).to(dtype)
+
+
+def vector_add():
+    from kernels import vector_add as va
+
+    x, y = rnd(10_007, dtype=torch.float32), rnd(10_007, dtype=torch.float32)
+    close(va.add(x, y), x + y, 1e-6)
+
+
+def softmax_fwd_bwd():
+    from kernels import softmax as sm
+
+    for shape in [(37, 1000), (3, 70_001)]:  # a fused row and a row wider than the fused block
+        x = rnd(*shape).requires_grad_()
+        xr = x.detach().float().requires_grad_()
+        y, yr = sm.softmax(x), torch.softmax(xr, -1)
+        close(y, yr)
+        dy = rnd(*shape)
+        y.backward(dy)
+        yr.backward(dy.float())
+        close(x.grad, xr.grad)
+
+
+def norms_fwd_bwd():
+    from kernels import norms
+
+    x = rnd(37, 1000).requires_grad_()
+    w, b = rnd(1000).requires_grad_(), rnd(1000).requires_grad_()
+    for name, fn, args in [("rms", norms.rms_norm, (w,)), ("layer", norms.layer_norm, (w, b))]:
+        y = fn(x, *args)
+        ref_args = [a.detach().float().requires_grad_() for a in args]
+        xr = x.detach().float().requires_grad_()
+        ref = (norms.rms_norm_ref if name == "rms" else norms.layer_norm_ref)(xr, *ref_args)
+        close(y, ref)
+        dy = rnd(37, 1000)
+        grads = torch.autograd.grad(y, [x, *args], dy)
+        grads_ref = torch.autograd.grad(ref, [xr, *ref_args], dy.float())
+        for g, gr in zip(grads, grads_ref):
+            close(g, gr, 5e-2)
+
+
+def matmul():
+    from kernels import matmul as mm
+
+    a, b = rnd(123, 200, scale=0.1), rnd(200, 77, scale=0.1)
+    close(mm.matmul(a, b), a.float() @ b.float())
+    if device.capabilities().tma:  # the persistent TMA kernel: K and N multiples of 8
+        b = rnd(200, 80, scale=0.1)
+        close(mm.matmul(a, b, persistent=True), a.float() @ b.float())
+
+
+def attention_fwd_bwd():
+    from kernels import flash_attention as fa
+
+    for causal, n_q, n_kv, d in [(False, 33, 70, 64), (True, 45, 45, 128)]:
+        q, k, v = (rnd(1, 2, n, d).requires_grad_() for n in (n_q, n_kv, n_kv))
+        o = fa.attention(q, k, v, causal)
+        qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))
+        ref = fa.attention_ref(qr, kr, vr, causal)
+        close(o, ref)
+        do = rnd(1, 2, n_q, d)
+        for g, gr in zip(
+            torch.autograd.grad(o, [q, k, v], do),
+            torch.autograd.grad(ref, [qr, kr, vr], do.float()),
+        ):
+            close(g, gr, 5e-2)
+
+
+def paged_decode():
+    from kernels import paged_attention as pa
+
+    q, _, _, kc, vc, table, lens = pa.decode_case(
+        3, 96, n_heads=8, n_kv=2, head_dim=64, dtype=torch.float16
+    )
+    lens = torch.tensor([1, 37, 96], dtype=torch.int32, device=DEV)
+    ref = pa.paged_decode_ref(q, kc, vc, table, lens)
+    for splits in (1, 3):
+        close(pa.paged_decode(q, kc, vc, table, lens, num_splits=splits, config=(32, 4, 2)), ref)
+
+
+def quant_gemv():
+    from kernels import quant
+
+    for bits, group in [(4, 128), (8, None)]:
+        qw = quant.quantize(rnd(200, 512, dtype=torch.float32, scale=0.02), bits, group)
+        for m, path, split in [(3, "gemv", None), (5, "mma", None), (2, "mma", 2)]:
+            x = rnd(m, 512, dtype=BF16)
+            close(quant.gemv(x, qw, path=path, split_k=split), quant.gemv_ref(x, qw))
+    why = quant.int4_mma_unavailable()
+    if why is None:
+        qw = quant.quantize(rnd(96, 1024, dtype=torch.float32, scale=0.02), 4, 128)
+        for m in (1, 3, 8):
+            x = rnd(m, 1024, dtype=torch.bfloat16)
+            close(quant.gemv(x, qw, path="cuda"), quant.gemv_ref(x, qw))
+    else:
+        print(f"   (the CUDA int4 path skipped: {why})")
+
+
+def quant_fp8():
+    from kernels import quant
+
+    if not device.capabilities().fp8:
+        print("   (skipped: no fp8 tensor cores)")
+        return
+    x, w = rnd(33, 256, dtype=torch.bfloat16), rnd(130, 256, dtype=torch.bfloat16, scale=0.02)
+    xq, xs = quant.quantize_fp8(x, "block")
+    wq, ws = quant.quantize_fp8_weight(w, "block")
+    close(quant.fp8_block_matmul(xq, xs, wq, ws), quant.fp8_block_matmul_ref(xq, xs, wq, ws))
+    for gran in ("tensor", "row"):
+        q, s = quant.quantize_fp8(x, gran)
+        close(q.float() * s, x, 0.1)
+
+
+def sgemm_ladder():
+    from kernels import cuda
+
+    why = cuda.unavailable_reason()
+    if why:
+        print(f"   (skipped: {why})")
+        return
+    a, b = rnd(130, 70, dtype=torch.float32), rnd(70, 200, dtype=torch.float32)
+    for step in cuda.STEPS:
+        close(cuda.sgemm(a, b, step), cuda.sgemm_ref(a, b), 1e-3)
+
+
+def megakernel():
+    from kernels import megakernel as mk
+
+    w, b = mk.make_weights(3, 200, dtype=torch.float16)
+    x = rnd(3, 200)
+    ref = mk.mlp_stack_ref(x, w, b, round_each_layer=True)
+    close(mk.fused_mlp_stack(x, w, b, persistent=False), ref)
+    if device.GPU_MODE:
+        close(mk.fused_mlp_stack(x, w, b, persistent=True), ref)
+        assert not mk.barrier_timeouts()
+
+
+def trees():
+    from kernels import trees as tr
+
+    X = torch.randn(1000, 13, device=DEV)
+    ens = tr.random_ensemble(37, 5, 13, X=X, dev=DEV)
+    pred, _ = tr.predict_triton(ens, X)
+    close(pred, tr.predict_ref(ens, X), 1e-4)
+
+
+STEPS = [vector_add, softmax_fwd_bwd, norms_fwd_bwd, matmul, attention_fwd_bwd, paged_decode,
+         quant_gemv, quant_fp8, sgemm_ladder, megakernel, trees]  # fmt: skip
+
+
+def _run_each_candidate_once() -> None:
+    """Autotuners run every candidate once instead of timing it: under memcheck a kernel runs
+    orders of magnitude slower, so timing (tens of launches a candidate) would take minutes, while
+    one run of each candidate still checks every configuration's memory accesses."""
+    import importlib
+    import pkgutil
+
+    import triton
+
+    import kernels
+
+    def once(kernel_call, quantiles=None, **_):
+        kernel_call()
+        return [1.0, 1.0, 1.0] if quantiles else 1.0
+
+    for info in pkgutil.walk_packages(kernels.__path__, "kernels."):
+        for obj in vars(importlib.import_module(info.name)).values():
+            if isinstance(obj, triton.runtime.Autotuner):
+                obj._do_bench = once
+
+
+def main() -> int:
+    print(device.describe().splitlines()[0])
+    if device.GPU_MODE:
+        _run_each_candidate_once()
+    failed = []
+    skip = set(os.environ.get("SANITIZE_SKIP", "").split())
+    for step in STEPS:
+        if step.__name__ in skip:
+            print(f"skip  {step.__name__} (SANITIZE_SKIP)")
+            continue
+        t0 = time.perf_counter()
+        try:
+            step()
+            torch.cuda.synchronize() if device.GPU_MODE else None
+            print(f"ok    {step.__name__:<18} {time.perf_counter() - t0:6.1f} s", flush=True)
+        except Exception:  # noqa: BLE001 - report every kernel, then fail
+            failed.append(step.__name__)
+            print(f"FAIL  {step.__name__}\n{traceback.format_exc(limit=3)}", flush=True)
+    print(
+        f"sanitize_all: {len(STEPS) - len(failed)}/{len(STEPS)} ok"
+        + (f", failed: {', '.join(failed)}" if failed else "")
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# `make gpu-test`: on a machine with a CUDA GPU, the whole pytest suite (its GPU-only cases run
+# there), then compute-sanitizer's memcheck over scripts/gpu/sanitize_all.py (every kernel once,
+# small odd shapes). Writes a short dated log, results/gpu-test/<date>-<gpu-slug>.log: the GPU and
+# versions, pytest's summary, failures and slowest cases, the sanitizer's error summary and one
+# line per kernel. Exits non-zero if either stage failed.
+#
+#   PYTHON=python3 scripts/gpu_test.sh [pytest arguments: test paths replace tests/, options add]
+#   SANITIZE_SKIP="sgemm_ladder" skips steps of sanitize_all.py (a quick run; not for the record)
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON=${PYTHON:-python3}
+SANITIZER=${SANITIZER:-compute-sanitizer}
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+# Debug mode: launchers also check tensor values (block ids, lengths, barrier timeouts).
+export GPU_BRRR_DEBUG=1
+
+if ! slug=$($PYTHON -c "from kernels import device; assert device.GPU_MODE; print(device.gpu_slug())" 2>/dev/null); then
+    echo "gpu-test: needs a CUDA GPU and \$PYTHON ($PYTHON) with a CUDA build of torch" >&2
+    exit 2
+fi
+mkdir -p results/gpu-test
+log="results/gpu-test/$(date -u +%F)-$slug.log"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+paths=()
+for a in "$@"; do [[ $a == tests* || $a == *.py* ]] && paths+=("$a"); done
+[[ ${#paths[@]} -gt 0 ]] || set -- tests "$@"
+
+t0=$(date +%s)
+$PYTHON -m pytest -m "not browser" -q -p no:cacheprovider -rfE --durations=12 \
+    --junitxml="$work/junit.xml" "$@" >"$work/pytest.txt" 2>&1
+pytest_rc=$?
+t1=$(date +%s)
+# One cudaMalloc per tensor: PyTorch's caching allocator would hide an overrun inside its pools.
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 $SANITIZER --tool memcheck --error-exitcode 3 \
+    $PYTHON scripts/gpu/sanitize_all.py >"$work/sanitize.txt" 2>&1
+san_rc=$?
+t2=$(date +%s)
+
+{
+    echo "# make gpu-test, $(date -u '+%F %H:%M') UTC, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+    $PYTHON -c "from kernels import device; print(device.describe())"
+    echo
+    echo "## pytest (exit $pytest_rc, $((t1 - t0)) s)"
+    tail -n 1 "$work/pytest.txt"
+    grep -E '^(FAILED|ERROR) ' "$work/pytest.txt" | cut -c1-240 | head -n 40
+    sed -n '/slowest .* durations/,/^$/p' "$work/pytest.txt" | grep -E '^[0-9.]+s ' | head -n 12
+    echo
+    echo "## compute-sanitizer --tool memcheck scripts/gpu/sanitize_all.py (exit $san_rc, $((t2 - t1)) s)"
+    grep -E '^(ok|FAIL) |^sanitize_all:|ERROR SUMMARY' "$work/sanitize.txt" | cut -c1-240
+    grep -E '^=+ (Invalid|Address|Program hit|Saved host backtrace)' "$work/sanitize.txt" | sort | uniq -c | head -n 20
+} >"$log"
+cat "$log"
+echo "gpu-test: log written to $log"
+[[ $pytest_rc -eq 0 && $san_rc -eq 0 ]]
