@@ -264,7 +264,7 @@ def test_softmax_under_cuda_graph_capture():
     g.replay()
     torch.cuda.synchronize()
     (ref,) = torch.autograd.grad(torch.softmax(x.float(), -1), x, dy.float())
-    torch.testing.assert_close(dx.float(), ref, rtol=2e-2, atol=1e-3)
+    torch.testing.assert_close(dx.float(), ref.float(), rtol=2e-2, atol=1e-3)
     torch.testing.assert_close(y_wide, torch.softmax(wide, -1), rtol=1e-5, atol=1e-8)
 
 
