@@ -12,6 +12,7 @@ has no Jupyter.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -25,6 +26,9 @@ def execute(path: Path, timeout: int) -> float:
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
+    # The kernel inherits this environment. With MPLBACKEND=Agg (common in batch jobs) plt.show()
+    # draws nothing, and the pages would keep only the figures that a cell also glues.
+    os.environ.pop("MPLBACKEND", None)
     t0 = time.perf_counter()
     # kernel_name "python3" resolves to ipykernel in *this* interpreter (sys.executable).
     client = NotebookClient(
