@@ -373,7 +373,7 @@ def test_formats_table_and_chapter_copy_is_current():
     table = numerics.formats_table()
     assert len(table.splitlines()) == 2 + len(numerics.FORMATS)
     assert "| fp8_e4m3 | 8: 1.4.3 | 4 |" in table and "| 448 |" in table
-    # The Act 1.5 chapter pastes this table; regenerate it there when FORMATS changes.
-    path = ROOT / "acts" / "act1-5-moving-target.md"
-    if path.exists():  # parked until its GPU run
-        assert table in path.read_text(encoding="utf-8")
+    # One of the Act 1.5 pages pastes this table; regenerate it there when FORMATS changes.
+    pages = sorted((ROOT / "acts").glob("act1-5-moving-target*.md"))
+    assert pages, "the Act 1.5 pages are missing"
+    assert any(table in p.read_text(encoding="utf-8") for p in pages)
