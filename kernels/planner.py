@@ -117,8 +117,13 @@ class Model:
     params: int | None = None
 
     def __post_init__(self):
-        _positive_int("model.seq", self.seq)
-        self.config  # validates the shapes (TransformerConfig raises ValueError)
+        for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq"):
+            _positive_int(f"model.{name}", getattr(self, name))
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError(
+                f"model.heads ({self.heads}) must divide hidden ({self.hidden}) and be a multiple "
+                f"of kv_heads ({self.kv_heads})"
+            )
         if self.experts:
             _positive_int("model.experts", self.experts)
             if not (isinstance(self.top_k, int) and 1 <= self.top_k <= self.experts):
