@@ -337,7 +337,14 @@ def check(model: Model, cluster: Cluster, parallel: Parallel, global_batch_token
 
 
 def activation_bytes_per_layer(
-    s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, recompute: str = "none"
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    t: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    s_kv: int | None = None,
 ) -> float:
     """Korthikanti et al.'s activation bytes of one layer for a micro-batch of ``b`` sequences of
     ``s`` tokens, width ``h``, ``a`` heads, tensor-parallel degree ``t`` (with or without sequence
@@ -346,6 +353,9 @@ def activation_bytes_per_layer(
     - none: ``sbh(10 + 24/t + 5as/(ht))``, with SP ``sbh(34 + 5as/h)/t``;
     - selective: ``sbh(10 + 24/t)``, with SP ``34 sbh/t``;
     - full: ``2 sbh`` (the layer input), with SP ``2 sbh/t``.
+
+    ``s_kv`` (default ``s``): the keys each query sees; with context parallelism a rank holds
+    ``s/cp`` queries against all ``s`` keys, so its score term is ``5 a (s/cp) s b / t``.
     """
     _check_recompute(recompute)
     sbh = s * b * h
@@ -353,7 +363,7 @@ def activation_bytes_per_layer(
         return 2 * sbh / (t if sp else 1)
     unsharded = 10 * sbh / (t if sp else 1)  # norms, dropout masks, residuals
     sharded = 24 * sbh / t  # inputs of the sharded matmuls, attention internals
-    scores = 5 * a * s * s * b / t if recompute == "none" else 0.0
+    scores = 5 * a * s * (s if s_kv is None else s_kv) * b / t if recompute == "none" else 0.0
     return unsharded + sharded + scores
 
 
@@ -392,7 +402,7 @@ def memory(
 def _activations(model: Model, p: Parallel, m: int, recompute: str) -> float:
     s = model.seq // p.cp
     per_layer = activation_bytes_per_layer(
-        s, p.micro_batch, model.hidden, model.heads, p.tp, p.sp, recompute
+        s, p.micro_batch, model.hidden, model.heads, p.tp, p.sp, recompute, s_kv=model.seq
     )
     layers = model.layers // p.pp
     logits = p.micro_batch * s * model.vocab / p.tp * (2 + 4)  # bf16 logits + fp32 copy
