@@ -504,8 +504,13 @@ def plan(
     flops = model.train_flops_per_token(recompute) * global_batch_tokens / c.n_gpus
     compute = flops / (c.peak_flops * mfu)
     split = model.param_split()
-    local = split["dense"] / (p.tp * p.pp) + split["expert"] / (p.tp * p.pp * p.ep)
-    updated = local / (p.dp * p.cp) if p.zero >= 1 else local
+    # Per GPU: dense parameters (shared by the dp·cp ranks) and expert parameters (shared by the
+    # dp·cp/ep ranks that hold the same experts), each with its data-parallel group size.
+    n_dp = p.dp * p.cp
+    groups = [(split["dense"] / (p.tp * p.pp), n_dp)]
+    if split["expert"]:
+        groups.append((split["expert"] / (p.tp * p.pp * p.ep), n_dp // p.ep))
+    updated = sum(n / (g if p.zero >= 1 else 1) for n, g in groups)
     optimizer = updated * precision.update / c.hbm_bytes_per_s
 
     alpha = c.latency_us
@@ -535,21 +540,19 @@ def plan(
     if p.pp > 1:
         pp_gbps = _group_gbps(c, p.tp * p.cp * p.dp, p.pp)
         comm_pp = 2 * m * p.virtual_stages * collective_s("send", act / p.tp, 2, pp_gbps, alpha)
-    # DP / ZeRO over the dp·cp ranks holding the same weights.
-    n_dp = p.dp * p.cp
-    dp_gbps = _group_gbps(c, p.tp, n_dp)
-    w_bytes, g_bytes = local * precision.weight, local * precision.grad
-    if p.zero == 0:
-        comm_dp = collective_s("all_reduce", g_bytes, n_dp, dp_gbps, alpha)
-    elif p.zero < 3:  # reduce-scatter the gradients, all-gather the updated weights
-        comm_dp = collective_s("reduce_scatter", g_bytes, n_dp, dp_gbps, alpha) + collective_s(
-            "all_gather", w_bytes, n_dp, dp_gbps, alpha
-        )
-    else:  # every micro-batch: gather for forward, gather again for backward, reduce-scatter
-        comm_dp = m * (
-            2 * collective_s("all_gather", w_bytes, n_dp, dp_gbps, alpha)
-            + collective_s("reduce_scatter", g_bytes, n_dp, dp_gbps, alpha)
-        )
+    # DP / ZeRO over the ranks holding the same weights.
+    comm_dp = 0.0
+    for n_params, g in groups:
+        gbps = _group_gbps(c, p.tp, g)
+        w_bytes, g_bytes = n_params * precision.weight, n_params * precision.grad
+        if p.zero == 0:
+            comm_dp += collective_s("all_reduce", g_bytes, g, gbps, alpha)
+        elif p.zero < 3:  # reduce-scatter the gradients, all-gather the updated weights
+            comm_dp += collective_s("reduce_scatter", g_bytes, g, gbps, alpha)
+            comm_dp += collective_s("all_gather", w_bytes, g, gbps, alpha)
+        else:  # every micro-batch: gather for forward, gather again for backward, reduce-scatter
+            comm_dp += m * 2 * collective_s("all_gather", w_bytes, g, gbps, alpha)
+            comm_dp += m * collective_s("reduce_scatter", g_bytes, g, gbps, alpha)
 
     busy = compute + comm_tp + comm_ep + comm_pp
     bubble = 0.0

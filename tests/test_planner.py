@@ -228,3 +228,21 @@ def test_validation_against_the_h200_runs():
     assert rows["ddp x2"]["error"] == pytest.approx(0.048, abs=0.002)
     assert rows["fsdp x4"]["error"] == pytest.approx(-0.057, abs=0.002)
     assert abs(rows["fsdp x1"]["error"]) < 0.12
+
+
+def test_cp_and_ep_volumes_by_hand():
+    cluster = P.Cluster("H100-SXM", 2, latency_us=0)
+    bw = cluster.intra_gbps * 1e9
+    cp = P.plan(TINY, cluster, P.Parallel(cp=2), 4)
+    # A K/V block of 2 local tokens × 2 (K and V) × 8 wide × 2 bytes = 64 B travels cp - 1 = 1 hop
+    # in forward and carries K/V plus their gradients in backward: 3 sends per layer.
+    assert cp.time["comm_cp"] == pytest.approx(2 * 3 * 64 / bw)
+    moe = P.Model("moe", 2, 8, 2, 2, 16, 10, 4, experts=4, top_k=2, gated_mlp=False)
+    ep = P.plan(moe, P.Cluster("H100-SXM", 4, latency_us=0), P.Parallel(dp=4, ep=4, zero=1), 16)
+    # 4 tokens × 8 wide × 2 bytes × top_k 2 = 128 B, 3/4 of it leaves the rank, 4 all-to-alls
+    # per layer (dispatch and combine, forward and backward).
+    assert ep.time["comm_ep"] == pytest.approx(2 * 4 * 96 / bw)
+    parts = moe.param_split()
+    # ZeRO-1: dense states shard over the 4 DP ranks; each rank's experts (1 of 4) are its own.
+    updated = parts["dense"] / 4 + parts["expert"] / 4
+    assert ep.time["optimizer"] == pytest.approx(updated * 28 / ep.cluster.hbm_bytes_per_s)
