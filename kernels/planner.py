@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kernels import hardware
@@ -458,7 +458,7 @@ class Plan:
     memory: dict[str, float]
     time: dict[str, float]
     mfu: float
-    fits: bool = field(default=False)
+    fits: bool
 
     @property
     def step_s(self) -> float:
@@ -602,13 +602,14 @@ def search(
         dp = n // (tp * pp * cp)
         eps = [e for e in _divisors(model.experts) if (dp * cp) % e == 0] if model.experts else [1]
         for ep, zero, mb, rc in itertools.product(eps, range(4), micro_batches, recomputes):
-            try:
+            try:  # skip shapes that cannot run; a bad argument of plan still raises below
                 par = Parallel(
                     dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, sp=tp > 1, micro_batch=mb
                 )
-                pl = plan(model, cluster, par, global_batch_tokens, recompute=rc, **kwargs)
+                check(model, cluster, par, global_batch_tokens)
             except ValueError:
                 continue
+            pl = plan(model, cluster, par, global_batch_tokens, recompute=rc, **kwargs)
             if pl.fits:
                 found.append(pl)
     found.sort(key=lambda q: (q.step_s, q.memory["total"]))

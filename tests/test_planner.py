@@ -246,3 +246,8 @@ def test_cp_and_ep_volumes_by_hand():
     # ZeRO-1: dense states shard over the 4 DP ranks; each rank's experts (1 of 4) are its own.
     updated = parts["dense"] / 4 + parts["expert"] / 4
     assert ep.time["optimizer"] == pytest.approx(updated * 28 / ep.cluster.hbm_bytes_per_s)
+
+
+def test_search_passes_bad_plan_arguments_through():
+    with pytest.raises(ValueError, match="mfu"):
+        P.search(TINY, P.Cluster("H100-SXM", 2), 16, mfu=0)
