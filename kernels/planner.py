@@ -733,3 +733,25 @@ def scaling_table(
             }
         )
     return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """``scaling_table`` rows as a Markdown table (for a glued chapter table)."""
+    lines = [
+        "| model | GPUs | fastest fitting configuration | recompute | GB / GPU | step (s) |"
+        " compute / comm / bubble (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        pl = r["plan"]
+        if pl is None:
+            lines.append(f"| {r['model']} | {r['gpus']} | nothing fits | | | | |")
+            continue
+        t = pl.time
+        comm = sum(v for k, v in t.items() if k.startswith("comm_"))
+        lines.append(
+            f"| {r['model']} | {r['gpus']} | {r['config']} | {r['recompute']} | "
+            f"{r['memory_gb']:.1f} | {r['step_s']:.2f} | "
+            f"{t['compute']:.2f} / {comm:.2f} / {t['bubble']:.2f} |"
+        )
+    return "\n".join(lines)

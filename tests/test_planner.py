@@ -251,3 +251,17 @@ def test_cp_and_ep_volumes_by_hand():
 def test_search_passes_bad_plan_arguments_through():
     with pytest.raises(ValueError, match="mfu"):
         P.search(TINY, P.Cluster("H100-SXM", 2), 16, mfu=0)
+
+
+def test_scaling_table_and_markdown():
+    rows = P.scaling_table(models=(TINY, P.MODEL_70B), counts=(2, 8), global_batch_tokens=2**16)
+    assert [(r["model"], r["gpus"]) for r in rows] == [
+        ("tiny", 2),
+        ("tiny", 8),
+        ("70B-class", 2),
+        ("70B-class", 8),
+    ]
+    assert rows[0]["plan"].parallel.n_gpus == 2 and rows[0]["plan"].fits
+    assert rows[3]["plan"] is None  # 70B of mixed-precision Adam state does not fit on 8 GPUs
+    table = P.markdown_table(rows).splitlines()
+    assert len(table) == 2 + 4 and "nothing fits" in table[-1]
