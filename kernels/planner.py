@@ -681,7 +681,9 @@ def validate(records: list[dict], gpu: str = "H200-SXM") -> dict:
             cluster,
             par,
             per_gpu_batch * n * seq,
-            recompute="selective",  # SDPA's flash kernel keeps no score matrix
+            # SDPA's flash kernel keeps no score matrix and recomputes it in backward: what
+            # selective recomputation counts (memory and FLOPs)
+            recompute="selective",
             precision=FP32_AUTOCAST_ADAM,
             mfu=mfu,
         )
