@@ -1,0 +1,282 @@
+"""Grade your own kernel: is it right, and how close is it to what this GPU can do?
+
+Two steps, in this order::
+
+    from kernels import grade
+    from kernels.vector_add import add_ref
+
+    grade.check(my_add, add_ref, grade.cases.vector_add())   # raises AssertionError if wrong
+    s = grade.score(my_add, "vector_add")                    # prints a one-line verdict
+    s.plot()                                                 # your point on this GPU's roofline
+
+``check`` runs your function on every case of an exercise (odd sizes, every dtype the device has,
+inputs chosen to break the usual mistakes) and compares it with the reference, which it calls on
+float64 copies of the inputs. Tolerances follow the dtype (fp32 1e-5, fp16/bf16 1e-2 relative) and
+grow with the square root of the reduction length. On the first failing case it raises an
+``AssertionError`` that names the case, says where the largest error is, and gives a hint when the
+mistake has a recognisable shape (a wrong last block: a mask; NaN in whole rows: an overflow).
+
+``score`` times your function with ``kernels.bench.measure`` against the roof that bounds it (the
+copy bandwidth for memory-bound kinds, the matmul peak of the dtype for matmuls, both measured in
+this process), against PyTorch and against the course's own kernel. On a CPU (Triton's interpreter)
+it runs at tiny sizes and says that its numbers are not GPU numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from kernels import bench, device, plotstyle, roofline
+
+# ----------------------------------------------------------------------------- cases
+
+
+@dataclass(frozen=True)
+class Case:
+    """One test input of an exercise: ``make()`` returns the positional arguments of the function.
+
+    ``reduce_len`` is how many values each output element sums over (a softmax row's width, a
+    matmul's K): the tolerance grows with its square root. ``hint`` is said when this case's output
+    holds NaN or inf where the reference is finite (e.g. why large rows break a softmax).
+    """
+
+    name: str
+    make: Callable[[], tuple]
+    reduce_len: int = 1
+    hint: str | None = None
+
+
+def _randn(shape: Sequence[int], dtype: torch.dtype, seed: int, scale: float = 1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(device=device.DEVICE, dtype=dtype)
+
+
+def _float_dtypes() -> list[torch.dtype]:
+    """fp32, fp16, and bf16 where the device computes in it (the interpreter's bf16 is wrong)."""
+    return [torch.float32, torch.float16] + (
+        [torch.bfloat16] if device.GPU_MODE and device.capabilities().bf16 else []
+    )
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def vector_add_cases() -> list[Case]:
+    """Lengths not a multiple of any block: a last block of one element (4097), a prime, a large
+    one, and a single element last (so a boundary mistake shows first where it has a pattern)."""
+    sizes = device.pick([1000, 4097, 1237, 98_305, 2**24 + 1, 1], [1000, 4097, 127, 1])
+    out = []
+    for dtype in _float_dtypes():
+        for i, n in enumerate(sizes):
+            make = lambda n=n, d=dtype, s=i: (_randn([n], d, s), _randn([n], d, s + 100))
+            out.append(Case(f"vector_add n={n} {_name(dtype)}", make))
+    return out
+
+
+_OVERFLOW_HINT = (
+    "this case has rows of large magnitude (offsets of +-1000): exp(x) overflows to inf unless you "
+    "subtract the row max first (softmax(x) = softmax(x - max(x)))"
+)
+
+
+def _offset_rows(rows: int, cols: int, dtype: torch.dtype, seed: int) -> tuple:
+    """Rows of N(0, 1) shifted by 0, +1000, -1000, 30, ...: softmax does not change, exp overflows."""
+    offsets = torch.tensor([0.0, 1000.0, -1000.0, 30.0])[torch.arange(rows) % 4]
+    x = _randn([rows, cols], torch.float32, seed).cpu() + offsets[:, None]
+    return (x.to(device=device.DEVICE, dtype=dtype),)
+
+
+def softmax_cases() -> list[Case]:
+    """Odd widths (1, a prime, one past a power of two), several rows, and large-magnitude rows."""
+    shapes = device.pick(
+        [(7, 1237), (4096, 1000), (33, 4097), (3, 65_537), (16_384, 4096), (1, 1)],
+        [(5, 123), (33, 1000), (3, 4097), (1, 1)],
+    )
+    big = device.pick((64, 8192), (8, 129))
+    out = []
+    for dtype in _float_dtypes():
+        for i, (r, c) in enumerate(shapes):
+            make = lambda r=r, c=c, d=dtype, s=i: (_randn([r, c], d, s),)
+            out.append(Case(f"softmax [{r}, {c}] {_name(dtype)}", make, reduce_len=c))
+        make = lambda d=dtype: _offset_rows(*big, d, 7)
+        name = f"softmax [{big[0]}, {big[1]}] {_name(dtype)}, rows offset by +-1000"
+        out.append(Case(name, make, reduce_len=big[1], hint=_OVERFLOW_HINT))
+    return out
+
+
+def matmul_cases() -> list[Case]:
+    """16-bit operands (what tensor cores take) of odd sizes: one row, primes, not tile multiples."""
+    shapes = device.pick(
+        [(127, 257, 509), (1000, 1000, 1000), (4000, 3000, 5000), (1, 4096, 4096)],
+        [(17, 33, 47), (64, 100, 72), (1, 16, 16)],
+    )
+    dtypes = [d for d in _float_dtypes() if d is not torch.float32]
+    out = []
+    for dtype in dtypes:
+        for i, (m, n, k) in enumerate(shapes):
+            make = lambda m=m, n=n, k=k, d=dtype, s=i: (_randn([m, k], d, s), _randn([k, n], d, s + 1))
+            out.append(Case(f"matmul M={m} N={n} K={k} {_name(dtype)}", make, reduce_len=k))
+    return out
+
+
+#: Ready-made case sets: ``grade.cases.vector_add()``, ``.softmax()``, ``.matmul()``.
+cases = SimpleNamespace(vector_add=vector_add_cases, softmax=softmax_cases, matmul=matmul_cases)
+
+# ----------------------------------------------------------------------------- check
+
+# Relative tolerance per output dtype: a few roundings of fp32; about two ulps of fp16 and bf16.
+RTOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2, torch.float64: 1e-12}
+
+
+def tolerance(dtype: torch.dtype, reduce_len: int = 1) -> tuple[float, float]:
+    """``(atol_factor, rtol)``: an element passes when ``|out - ref| <= atol_factor * max|ref| +
+    rtol * |ref|``. The absolute part is fp32 accumulation error, which grows like the square root of
+    the number of terms summed; it lets elements near zero (a matmul's cancellations) pass."""
+    return 1e-5 * math.sqrt(max(reduce_len, 1)), RTOL.get(dtype, 1e-5)
+
+
+def _describe_args(args: tuple) -> str:
+    parts = [
+        f"{_name(a.dtype)}{list(a.shape)}" if isinstance(a, torch.Tensor) else repr(a) for a in args
+    ]
+    return ", ".join(parts)
+
+
+def _as_case(c: Case | Callable[[], tuple]) -> Case:
+    return c if isinstance(c, Case) else Case(getattr(c, "__name__", "case"), c)
+
+
+def _index(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape))
+
+
+def _tail_start(rel: torch.Tensor) -> int | None:
+    """The first column of a wrong tail: every column from there on has relative errors more than
+    ten times the largest one before it (a last block that was dropped or written past)."""
+    col = rel.reshape(-1, rel.shape[-1]).amax(dim=0)
+    n = col.numel()
+    if n < 2:
+        return None
+    before = torch.cummax(col, dim=0).values[:-1]  # max of columns [0, s)
+    after = torch.flip(torch.cummin(torch.flip(col, [0]), dim=0).values, [0])[1:]  # min of [s, n)
+    ok = (after > 10 * before) & (after > 0)
+    hits = ok.nonzero()
+    return int(hits[0]) + 1 if hits.numel() else None
+
+
+def _hints(out: torch.Tensor, ref: torch.Tensor, bad: torch.Tensor, rel: torch.Tensor, case: Case):
+    """Plain-words guesses at the mistake, from the pattern of the wrong elements."""
+    hints = []
+    s = _tail_start(rel) if out.ndim else None
+    if s is not None:
+        n = out.shape[-1]
+        hints.append(
+            f"only the last {n - s} of {n} elements along the last dimension are wrong (from "
+            f"index {s} on): the last, partial block. Check the mask (offsets < n) and the grid "
+            "(triton.cdiv)."
+        )
+    if out.ndim >= 2:
+        rows = bad.reshape(-1, out.shape[-1])
+        whole = rows.all(dim=1)
+        if whole.any() and not whole.all() and not rows[~whole].any():
+            first = whole.nonzero().flatten()[:4].tolist()
+            hints.append(
+                f"{int(whole.sum())} whole rows are wrong (rows {first}...) and every other row is "
+                "right: a per-row reduction (its max or its sum) overflowed or went wrong."
+            )
+    nonfinite = ~torch.isfinite(out) & torch.isfinite(ref)
+    if nonfinite.any():
+        at = _index(int(nonfinite.flatten().nonzero()[0]), out.shape)
+        hints.append(f"the output holds NaN or inf where the reference is finite (first at {at}).")
+        if case.hint:
+            hints.append(case.hint)
+    if bad.all() and bad.numel() > 1:
+        zero = " The output is all zeros." if not out.any() else ""
+        hints.append(
+            f"every element is wrong.{zero} Does the kernel store (tl.store) into the tensor you "
+            "return, over the whole grid?"
+        )
+    return hints
+
+
+def _compare(out, ref: torch.Tensor, case: Case, args: tuple, atol, rtol) -> None:
+    """Raise AssertionError naming the case, the worst element and a hint if ``out`` is wrong."""
+    where = f"case '{case.name}' (inputs {_describe_args(args)})"
+    if not isinstance(out, torch.Tensor):
+        raise AssertionError(f"{where}: your function returned {type(out).__name__}, not a tensor")
+    want_dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)), out.dtype)
+    if out.shape != ref.shape:
+        raise AssertionError(
+            f"{where}: wrong shape: got {list(out.shape)}, expected {list(ref.shape)}"
+        )
+    if out.dtype != want_dtype:
+        raise AssertionError(
+            f"{where}: wrong dtype: got {_name(out.dtype)}, expected {_name(want_dtype)} "
+            "(the inputs' dtype: compute in fp32, round once when you store)"
+        )
+    atol_factor, default_rtol = tolerance(out.dtype, case.reduce_len)
+    rtol = default_rtol if rtol is None else rtol
+    got = out.detach().to(device="cpu", dtype=torch.float64)
+    ref = ref.detach().to(device="cpu", dtype=torch.float64)
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    atol = atol_factor * scale if atol is None else atol
+    err = (got - ref).abs().nan_to_num(nan=math.inf)
+    same = (got == ref) | (torch.isnan(got) & torch.isnan(ref))  # inf or NaN where it is expected
+    err = torch.where(same, 0.0, err)
+    bad = ~(err <= atol + rtol * ref.abs())
+    if not bad.any():
+        return
+    worst = _index(int(err.flatten().argmax()), got.shape)
+    rel = err / (ref.abs() + (atol if atol > 0 else 1e-30))
+    worst_rel = _index(int(rel.flatten().argmax()), got.shape)
+    first = _index(int(bad.flatten().nonzero()[0]), got.shape)
+    lines = [
+        f"{where}: {int(bad.sum())} of {bad.numel()} elements are out of tolerance "
+        f"(atol={atol:.3g}, rtol={rtol:.3g}).",
+        f"  largest absolute error {err[worst].item():.4g} at index {worst}: "
+        f"got {got[worst].item():.6g}, expected {ref[worst].item():.6g}",
+        f"  largest relative error {rel[worst_rel].item():.4g} at index {worst_rel}; "
+        f"first wrong element at index {first}",
+    ]
+    lines += [f"  hint: {h}" for h in _hints(got, ref, bad, rel, case)]
+    raise AssertionError("\n".join(lines))
+
+
+def check(
+    fn: Callable,
+    ref: Callable,
+    cases: Sequence[Case | Callable[[], tuple]],
+    *,
+    atol: float | None = None,
+    rtol: float | None = None,
+) -> int:
+    """Run ``fn`` and ``ref`` on every case; raise AssertionError at the first case ``fn`` gets wrong.
+
+    ``ref`` is called on float64 copies of the inputs (higher precision than any kernel's). Returns
+    the number of cases that passed (all of them) after printing one line saying so.
+    """
+    cases = [_as_case(c) for c in cases]
+    if not cases:
+        raise ValueError("cases must hold at least one case")
+    for case in cases:
+        args = case.make()
+        try:
+            out = fn(*args)
+        except Exception as e:  # the learner's code: report it with the case that triggered it
+            raise AssertionError(
+                f"case '{case.name}' (inputs {_describe_args(args)}): your function raised "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        device.synchronize()
+        wide = tuple(
+            a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+        )
+        _compare(out, ref(*wide), case, args, atol, rtol)
+    print(f"all {len(cases)} cases pass ({device.capabilities().mode})")
+    return len(cases)
