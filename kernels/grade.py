@@ -120,7 +120,10 @@ def matmul_cases() -> list[Case]:
     out = []
     for dtype in dtypes:
         for i, (m, n, k) in enumerate(shapes):
-            make = lambda m=m, n=n, k=k, d=dtype, s=i: (_randn([m, k], d, s), _randn([k, n], d, s + 1))
+            make = lambda m=m, n=n, k=k, d=dtype, s=i: (
+                _randn([m, k], d, s),
+                _randn([k, n], d, s + 1),
+            )
             out.append(Case(f"matmul M={m} N={n} K={k} {_name(dtype)}", make, reduce_len=k))
     return out
 
@@ -177,9 +180,9 @@ def _hints(out: torch.Tensor, ref: torch.Tensor, bad: torch.Tensor, rel: torch.T
     if s is not None:
         n = out.shape[-1]
         hints.append(
-            f"only the last {n - s} of {n} elements along the last dimension are wrong (from "
-            f"index {s} on): the last, partial block. Check the mask (offsets < n) and the grid "
-            "(triton.cdiv)."
+            f"the errors sit in the last {n - s} of {n} elements along the last dimension (from "
+            f"index {s} on; ten times larger there than anywhere before): the last, partial "
+            "block. Check the mask (offsets < n) and the grid (triton.cdiv)."
         )
     if out.ndim >= 2:
         rows = bad.reshape(-1, out.shape[-1])
@@ -280,3 +283,193 @@ def check(
         _compare(out, ref(*wide), case, args, atol, rtol)
     print(f"all {len(cases)} cases pass ({device.capabilities().mode})")
     return len(cases)
+
+
+# ----------------------------------------------------------------------------- score
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What ``score`` needs to know about an exercise: its roof ("copy" or "matmul"), default
+    inputs, the bytes it must move and the FLOPs it must do, PyTorch's op and the course's kernel."""
+
+    roof: str
+    make_args: Callable[[], tuple]
+    bytes: Callable[[tuple], float]
+    flops: Callable[[tuple], float]
+    torch_op: Callable
+    course_op: Callable[[], Callable]  # imported when needed: the course kernel's module is heavy
+
+
+def _course(module: str, name: str) -> Callable[[], Callable]:
+    def load():
+        import importlib
+
+        return getattr(importlib.import_module(module), name)
+
+    return load
+
+
+def _vector_add_args() -> tuple:
+    n = device.pick(2**26, 2**14)
+    return _randn([n], torch.float32, 0), _randn([n], torch.float32, 1)
+
+
+def _softmax_args() -> tuple:
+    shape = device.pick([16_384, 4096], [64, 256])
+    dtype = device.preferred_dtype(torch.bfloat16) if device.GPU_MODE else torch.float32
+    return (_randn(shape, dtype, 0),)
+
+
+def _matmul_args() -> tuple:
+    n = device.pick(4096, 64)
+    dtype = device.preferred_dtype(torch.bfloat16) if device.GPU_MODE else torch.float16
+    return _randn([n, n], dtype, 0), _randn([n, n], dtype, 1)
+
+
+def _matmul_bytes(args: tuple) -> float:
+    a, b = args[:2]
+    return (a.numel() + b.numel() + a.shape[0] * b.shape[1]) * a.element_size()
+
+
+KINDS: dict[str, Kind] = {
+    # Read x and y, write x + y: 3 elements moved per FLOP.
+    "vector_add": Kind(
+        "copy",
+        _vector_add_args,
+        lambda a: 3 * a[0].numel() * a[0].element_size(),
+        lambda a: a[0].numel(),
+        torch.add,
+        _course("kernels.vector_add", "add"),
+    ),
+    # Read x once, write y once; about 5 FLOPs an element (max, subtract, exp, sum, scale).
+    "softmax": Kind(
+        "copy",
+        _softmax_args,
+        lambda a: 2 * a[0].numel() * a[0].element_size(),
+        lambda a: 5 * a[0].numel(),
+        lambda x: torch.softmax(x, dim=-1),
+        _course("kernels.softmax", "softmax"),
+    ),
+    # Read A and B, write C (the least traffic possible); 2 M N K FLOPs.
+    "matmul": Kind(
+        "matmul",
+        _matmul_args,
+        _matmul_bytes,
+        lambda a: 2 * a[0].shape[0] * a[0].shape[1] * a[1].shape[1],
+        torch.matmul,
+        _course("kernels.matmul", "matmul"),
+    ),
+}
+
+# The matmul roof of an input dtype. fp32 maps to TF32: Triton's tl.dot on fp32 uses it by default.
+_PEAK_DTYPE = {torch.float32: "tf32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _peak_dtype(dtype: torch.dtype) -> str:
+    if dtype not in _PEAK_DTYPE:
+        raise TypeError(f"args must be float32, float16 or bfloat16 tensors, got {_name(dtype)}")
+    return _PEAK_DTYPE[dtype]
+
+
+@dataclass(frozen=True)
+class Score:
+    """Your kernel, PyTorch's and the course's, timed on one input against one measured roof."""
+
+    kind: str
+    roof: roofline.Ceiling  # copy bandwidth (GB/s) or the dtype's matmul peak (TFLOP/s)
+    yours: bench.Measurement
+    torch: bench.Measurement
+    course: bench.Measurement | None
+    flops: float
+    bytes: float
+    dtype: torch.dtype
+
+    def _achieved(self, m: bench.Measurement) -> float:
+        return m.gbps if self.roof.name == "copy" else m.tflops
+
+    def fraction(self, m: bench.Measurement | None = None) -> float:
+        """The fraction of the roof ``m`` (default: yours) reaches."""
+        return self._achieved(m or self.yours) / self.roof.value
+
+    @property
+    def torch_fraction(self) -> float:
+        return self.fraction(self.torch)
+
+    @property
+    def course_fraction(self) -> float | None:
+        return None if self.course is None else self.fraction(self.course)
+
+    @property
+    def roof_label(self) -> str:
+        v = self.roof.value
+        value = f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+        if self.roof.name == "copy":
+            return f"copy bandwidth ({value} GB/s)"
+        return f"{self.roof.dtype} matmul peak ({value} TFLOP/s)"
+
+    @property
+    def verdict(self) -> str:
+        where = "this GPU's" if self.yours.gpu_timing else "this CPU's"
+        text = f"{self.fraction():.2f} of {where} {self.roof_label}; PyTorch: {self.torch_fraction:.2f}"
+        if self.course is not None:
+            text += f"; the course's kernel: {self.course_fraction:.2f}"
+        if not self.yours.gpu_timing:
+            text += " (CPU interpreter timings at tiny sizes: NOT GPU numbers)"
+        return text
+
+    def __str__(self) -> str:
+        return self.verdict
+
+    def plot(self, ax=None):
+        """Your point, PyTorch's and the course's on this device's roofline (copy bandwidth and the
+        dtype's matmul peak, both measured in this process). Returns the axes."""
+        if ax is None:
+            _, ax = plotstyle.figure()
+        copy = roofline.copy_bandwidth()
+        peak = roofline.matmul_peak(_peak_dtype(self.dtype))
+        intensity = self.flops / self.bytes
+        named = [("yours", self.yours), ("PyTorch", self.torch), ("course", self.course)]
+        points = [(label, intensity, m.tflops) for label, m in named if m is not None]
+        roofline.plot_roofline(
+            ax, bandwidth_gbps=copy.value, peak_tflops=peak.value, points=points, label="measured"
+        )
+        plotstyle.title(
+            ax, f"{self.kind}: your kernel on the roofline", gpu=plotstyle.gpu_name(),
+            dtype=_name(self.dtype),
+        )  # fmt: skip
+        return ax
+
+
+def score(
+    fn: Callable,
+    kind: str,
+    *,
+    args: tuple | None = None,
+    baseline: Callable | None = None,
+    course: Callable | None = None,
+) -> Score:
+    """Time ``fn(*args)`` against the roof of ``kind``, PyTorch and the course's kernel; print the
+    verdict and return the Score.
+
+    ``kind`` is one of ``KINDS`` ("vector_add", "softmax", "matmul"); ``args`` default to the kind's
+    real sizes on a GPU (tiny ones on a CPU). ``baseline`` replaces the PyTorch op and ``course``
+    the course's kernel, for an exercise whose reference is another function.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+    spec = KINDS[kind]
+    args = spec.make_args() if args is None else tuple(args)
+    dtype = args[0].dtype
+    work = dict(bytes=spec.bytes(args), flops=spec.flops(args))
+    roof = (
+        roofline.copy_bandwidth()
+        if spec.roof == "copy"
+        else roofline.matmul_peak(_peak_dtype(dtype))
+    )
+    mine = bench.measure(lambda: fn(*args), **work)
+    base = bench.measure(lambda: (baseline or spec.torch_op)(*args), **work)
+    ours = bench.measure(lambda: (course or spec.course_op())(*args), **work)
+    result = Score(kind, roof, mine, base, ours, work["flops"], work["bytes"], dtype)
+    print(result.verdict)
+    return result
