@@ -160,7 +160,7 @@ def test_score_vector_add_against_the_copy_roof(capsys):
     assert s.bytes == 3 * 4096 * 4 and s.flops == 4096
     assert s.roof.name == "copy"
     assert s.fraction() == pytest.approx(s.yours.gbps / s.roof.value)
-    assert s.fraction() > 0 and s.torch_fraction > 0 and s.course_fraction > 0
+    assert s.fraction() > 0 and s.pytorch_fraction > 0 and s.course_fraction > 0
     assert "copy bandwidth" in s.verdict and "PyTorch" in s.verdict
     assert "course's kernel" in s.verdict and "NOT GPU numbers" in s.verdict
     assert capsys.readouterr().out.strip() == s.verdict
