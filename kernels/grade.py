@@ -51,9 +51,14 @@ class Case:
     hint: str | None = None
 
 
-def _randn(shape: Sequence[int], dtype: torch.dtype, seed: int, scale: float = 1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(device=device.DEVICE, dtype=dtype)
+def _randn(
+    shape: Sequence[int], dtype: torch.dtype, seed: int, offsets: torch.Tensor | None = None
+):
+    """Seeded N(0, 1) values (the same on every machine), each row shifted by ``offsets``."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    if offsets is not None:
+        x += offsets[:, None]
+    return x.to(device=device.DEVICE, dtype=dtype)
 
 
 def _float_dtypes() -> list[torch.dtype]:
@@ -88,8 +93,7 @@ _OVERFLOW_HINT = (
 def _offset_rows(rows: int, cols: int, dtype: torch.dtype, seed: int) -> tuple:
     """Rows of N(0, 1) shifted by 0, +1000, -1000, 30, ...: softmax does not change, exp overflows."""
     offsets = torch.tensor([0.0, 1000.0, -1000.0, 30.0])[torch.arange(rows) % 4]
-    x = _randn([rows, cols], torch.float32, seed).cpu() + offsets[:, None]
-    return (x.to(device=device.DEVICE, dtype=dtype),)
+    return (_randn([rows, cols], dtype, seed, offsets),)
 
 
 def softmax_cases() -> list[Case]:
@@ -238,6 +242,7 @@ def _compare(out, ref: torch.Tensor, case: Case, args: tuple, atol, rtol) -> Non
     if not bad.any():
         return
     worst = _index(int(err.flatten().argmax()), got.shape)
+    # Relative to |ref| + atol: elements near zero do not make every relative error infinite.
     rel = err / (ref.abs() + (atol if atol > 0 else 1e-30))
     worst_rel = _index(int(rel.flatten().argmax()), got.shape)
     first = _index(int(bad.flatten().nonzero()[0]), got.shape)
@@ -271,17 +276,22 @@ def check(
         raise ValueError("cases must hold at least one case")
     for case in cases:
         args = case.make()
+        # float64 copies, made before fn runs: a function that writes into its inputs cannot
+        # change the reference.
+        wide = tuple(
+            a.to(torch.float64, copy=True)
+            if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a
+            for a in args
+        )
         try:
             out = fn(*args)
+            device.synchronize()  # an asynchronous GPU error surfaces here, with its case
         except Exception as e:  # the learner's code: report it with the case that triggered it
             raise AssertionError(
                 f"case '{case.name}' (inputs {_describe_args(args)}): your function raised "
                 f"{type(e).__name__}: {e}"
             ) from e
-        device.synchronize()
-        wide = tuple(
-            a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
-        )
         _compare(out, ref(*wide), case, args, atol, rtol)
     print(f"all {len(cases)} cases pass ({device.capabilities().mode})")
     return len(cases)

@@ -81,6 +81,7 @@ def test_off_by_one_mask_is_caught_at_the_last_element():
     assert "case 'vector_add n=1000 float32'" in msg
     assert "1 of 1000 elements are out of tolerance" in msg
     assert "largest absolute error" in msg and "at index (999,)" in msg
+    assert re.search(r"largest relative error 0\.99\d* at index \(999,\)", msg)
     assert "first wrong element at index (999,)" in msg
     assert "last 1 of 1000 elements" in msg and "mask" in msg
 
@@ -130,6 +131,14 @@ def test_an_exception_is_reported_with_its_case():
     assert "case 'vector_add n=1000 float32' (inputs float32[1000], float32[1000])" in msg
     assert "raised RuntimeError: BLOCK_SIZE must be a power of two" in msg
     assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_the_reference_sees_the_inputs_as_they_were_before_fn_ran():
+    def clobbers_x(x, y):
+        x.zero_()  # writing into an input must not make the reference agree with a wrong answer
+        return x + y
+
+    assert "out of tolerance" in _fail(clobbers_x, add_ref, grade.cases.vector_add())
 
 
 def test_an_output_never_written_is_recognised():
