@@ -19,7 +19,8 @@ mistake has a recognisable shape (a wrong last block: a mask; NaN in whole rows:
 ``score`` times your function with ``kernels.bench.measure`` against the roof that bounds it (the
 copy bandwidth for memory-bound kinds, the matmul peak of the dtype for matmuls, both measured in
 this process), against PyTorch and against the course's own kernel. On a CPU (Triton's interpreter)
-it runs at tiny sizes and says that its numbers are not GPU numbers.
+it runs at tiny sizes and says that its numbers are not GPU numbers. ``score`` does not check
+results: run ``check`` first.
 """
 
 from __future__ import annotations
