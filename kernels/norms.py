@@ -397,17 +397,15 @@ _DW = Launcher(_norm_dw_kernel)
 
 def fwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK) -> dict:
     """The forward launch for ``[n_rows, n_cols]``: kernel, rows per program, block, warps, grid."""
-    cfg = row_launch(
+    return row_launch(
         n_rows,
         n_cols,
         max_fused_block=max_fused_block,
         loop_block=LOOP_BLOCK,
         loop_warps=LOOP_WARPS,
         tile=TILE,
+        loop_programs_per_sm=LOOP_PROGRAMS_PER_SM,
     )
-    if cfg["kernel"] == "looped":
-        cfg["programs"] = max(1, min(n_rows, LOOP_PROGRAMS_PER_SM * sm_count()))
-    return cfg
 
 
 def bwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_BWD) -> dict:

@@ -21,7 +21,7 @@ import triton
 from triton import knobs
 
 from kernels import device
-from kernels.launch import next_power_of_2
+from kernels.launch import next_power_of_2, sm_count
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -86,19 +86,31 @@ def num_warps_for(block_elems: int) -> int:
 
 
 def row_launch(
-    n_rows: int, n_cols: int, *, max_fused_block: int, loop_block: int, loop_warps: int, tile: int
+    n_rows: int,
+    n_cols: int,
+    *,
+    max_fused_block: int,
+    loop_block: int,
+    loop_warps: int,
+    tile: int,
+    loop_programs_per_sm: int | None = None,
 ) -> dict:
     """The launch of a row-wise kernel on ``[n_rows, n_cols]`` (softmax and the norms share it):
     rows up to ``max_fused_block`` wide are held whole in registers, ``tile // block`` rows per
-    program; wider rows loop over ``loop_block``-wide chunks, one row per program."""
+    program; wider rows loop over ``loop_block``-wide chunks, one row per program, or, with
+    ``loop_programs_per_sm``, that many programs per SM walking the rows (so the rows in flight
+    stay in L2 for the second read)."""
     block_n = next_power_of_2(n_cols)
     if block_n > max_fused_block:
+        programs = n_rows
+        if loop_programs_per_sm is not None:
+            programs = max(1, min(n_rows, loop_programs_per_sm * sm_count()))
         return dict(
             kernel="looped",
             BLOCK_M=1,
             BLOCK_N=loop_block,
             num_warps=loop_warps,
-            programs=n_rows,
+            programs=programs,
         )
     block_m = min(max(tile // block_n, 1), next_power_of_2(n_rows))
     return dict(

@@ -85,7 +85,7 @@ def _randn(*shape, dtype, scale=1.0):
     return torch.randn(*shape, device=device.DEVICE, dtype=dtype) * scale
 
 
-def _grad_call(f: Callable, leaves: list, dy: torch.Tensor) -> Callable:
+def grad_call(f: Callable, leaves: list, dy: torch.Tensor) -> Callable:
     """The backward of ``f`` alone: one forward kept, its graph walked again on every call."""
     for t in leaves:
         t.requires_grad_()
@@ -115,8 +115,8 @@ def _softmax_cases(r: int, w: int, dtype: torch.dtype) -> Iterator[Case]:
 
     def bwd():
         x, dy = _randn(r, w, dtype=dtype, scale=4.0), _randn(r, w, dtype=dtype)
-        ours = _grad_call(lambda: softmax.softmax(x), [x], dy)
-        return ours, _grad_call(lambda: torch.softmax(x, dim=-1), [x], dy)
+        ours = grad_call(lambda: softmax.softmax(x), [x], dy)
+        return ours, grad_call(lambda: torch.softmax(x, dim=-1), [x], dy)
 
     yield Case("softmax_fwd", [r, w], dtype, "torch.softmax", fwd, bytes=2 * nbytes)
     yield Case("softmax_bwd", [r, w], dtype, "torch.softmax backward", bwd, bytes=3 * nbytes)
@@ -145,7 +145,7 @@ def _norm_cases(r: int, w: int, dtype: torch.dtype) -> Iterator[Case]:
             x, wt, b, dy = inputs()
             leaves = [t for t in (x, wt, b) if t is not None]
             ours, theirs = ours_theirs(x, wt, b)
-            return _grad_call(ours, leaves, dy), _grad_call(theirs, leaves, dy)
+            return grad_call(ours, leaves, dy), grad_call(theirs, leaves, dy)
 
         yield Case(f"{kind}_fwd", [r, w], dtype, baseline, fwd, bytes=2 * nbytes)
         yield Case(f"{kind}_bwd", [r, w], dtype, f"{baseline} backward", bwd, bytes=3 * nbytes)
@@ -197,10 +197,10 @@ def _attention_cases(head_dims, seqs, dtypes, heads=16, total_rows=None) -> Iter
                     def bwd(shape=shape, causal=causal, dtype=dtype):
                         q, k, v = (_randn(*shape, dtype=dtype) for _ in range(3))
                         dy = _randn(*shape, dtype=dtype)
-                        ours = _grad_call(
+                        ours = grad_call(
                             lambda: flash_attention.attention(q, k, v, causal=causal), [q, k, v], dy
                         )
-                        return ours, _grad_call(
+                        return ours, grad_call(
                             lambda: sdpa(q, k, v, is_causal=causal), [q, k, v], dy
                         )
 

@@ -33,13 +33,6 @@ import triton
 import triton.language as tl
 
 from kernels import bench, device, roofline, rows
-from kernels.launch import sm_count
-
-# Re-exported for code written against the old home of these helpers (now kernels.rows).
-from kernels.rows import as_rows as as_rows
-from kernels.rows import check_float as check_float
-from kernels.rows import num_warps_for
-from kernels.rows import row_launch as row_launch
 
 SUPPORTED_DTYPES = rows.SUPPORTED_DTYPES
 
@@ -244,32 +237,21 @@ _BWD = {
 
 def launch_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK) -> dict:
     """How ``softmax`` launches for a ``[n_rows, n_cols]`` input: the kernel, block and warps."""
-    cfg = rows.row_launch(
+    return rows.row_launch(
         n_rows,
         n_cols,
         max_fused_block=max_fused_block,
         loop_block=LOOP_BLOCK,
         loop_warps=LOOP_WARPS,
         tile=TILE,
+        loop_programs_per_sm=LOOP_PROGRAMS_PER_SM,
     )
-    if cfg["kernel"] == "looped":
-        cfg["programs"] = max(1, min(n_rows, LOOP_PROGRAMS_PER_SM * sm_count()))
-    return cfg
 
 
 def bwd_launch_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_BWD) -> dict:
     """How the backward pass launches: as the forward, with rows of two tensors in registers."""
-    cfg = rows.row_launch(
-        n_rows,
-        n_cols,
-        max_fused_block=max_fused_block,
-        loop_block=LOOP_BLOCK,
-        loop_warps=LOOP_WARPS,
-        tile=TILE,
-    )
-    if cfg["kernel"] == "looped":
-        cfg["programs"] = max(1, min(n_rows, LOOP_PROGRAMS_PER_SM * sm_count()))
-    else:
+    cfg = launch_config(n_rows, n_cols, max_fused_block)
+    if cfg["kernel"] == "fused":
         cfg["num_warps"] = rows.num_warps_for(2 * cfg["BLOCK_M"] * cfg["BLOCK_N"])
     return cfg
 
@@ -425,12 +407,14 @@ def _spec(kernel, t: str, constexprs: dict, num_warps: int) -> dict:
 # Signatures for the ahead-of-time compile check (tests compile every kernel for sm_90 and sm_75).
 COMPILE_SPECS = (
     [
-        _spec(_softmax_kernel, t, {"BLOCK_M": bm, "BLOCK_N": bn}, num_warps_for(bm * bn))
+        _spec(_softmax_kernel, t, {"BLOCK_M": bm, "BLOCK_N": bn}, rows.num_warps_for(bm * bn))
         for t in ("fp32", "bf16")
         for bm, bn in ((16, 256), (1, MAX_FUSED_BLOCK))
     ]
     + [
-        _spec(_softmax_bwd_kernel, t, {"BLOCK_M": bm, "BLOCK_N": bn}, num_warps_for(2 * bm * bn))
+        _spec(
+            _softmax_bwd_kernel, t, {"BLOCK_M": bm, "BLOCK_N": bn}, rows.num_warps_for(2 * bm * bn)
+        )
         for t in ("fp32", "bf16")
         for bm, bn in ((16, 256), (1, MAX_FUSED_BLOCK_BWD))
     ]

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels import device, softmax
+from kernels import device, rows, softmax
 
 # Odd widths: a single column, a few, just past a power of two, not a power of two, and past the
 # 4096-wide tile; 1000 rows of width 3 also packs many rows into each program.
@@ -68,7 +68,7 @@ def test_launch_config_follows_width():
     wide = softmax.launch_config(8, softmax.MAX_FUSED_BLOCK)
     assert wide["kernel"] == "fused" and wide["BLOCK_M"] == 1 and wide["num_warps"] == 16
     assert softmax.launch_config(8, softmax.MAX_FUSED_BLOCK + 1)["kernel"] == "looped"
-    assert [softmax.num_warps_for(n) for n in (256, 2048, 4096, 8192, 16384)] == [4, 4, 8, 8, 16]
+    assert [rows.num_warps_for(n) for n in (256, 2048, 4096, 8192, 16384)] == [4, 4, 8, 8, 16]
 
 
 def test_softmax_row_strided_input():

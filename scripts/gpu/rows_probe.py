@@ -12,39 +12,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 import triton
 
-from kernels import norms, roofline, softmax, vector_add
+from kernels import norms, roofline, shapes, softmax, vector_add
 
 DEV = "cuda"
 
 
 def host_us(fn, calls: int = 200) -> float:
-    """Median over 5 loops of the wall time per call of ``calls`` back-to-back calls."""
-    fn()
-    torch.cuda.synchronize()
-    loops = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        loops.append((time.perf_counter() - t0) / calls * 1e6)
-    return sorted(loops)[2]
+    """Host µs per call: kernels.shapes.host_time (median of 5 loops of back-to-back calls)."""
+    return shapes.host_time(fn, calls).ms * 1e3
 
 
 def bench_us(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3
 
 
-def grad_call(f, leaves, dy):
-    for t in leaves:
-        t.requires_grad_()
-    y = f()
-    return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
+grad_call = shapes.grad_call
 
 
 def norm_fns(kind, x, w, b):
