@@ -188,8 +188,7 @@ def _check_recompute(recompute: str) -> None:
 
 
 # Dense model shapes of the Llama 3 family's 8B, 70B and 405B models (layers, width, heads, 8 KV
-# heads, SwiGLU width, 128K vocabulary), trained with 8K-token sequences. The Llama 3 paper is not
-# in references.bib yet: add it there before a page cites these shapes.
+# heads, SwiGLU width, 128K vocabulary), trained with 8K-token sequences {cite}`grattafiori2024llama3`.
 MODEL_8B = Model("8B-class", 32, 4096, 32, 8, 14336, 128256, 8192)
 MODEL_70B = Model("70B-class", 80, 8192, 64, 8, 28672, 128256, 8192)
 MODEL_405B = Model("405B-class", 126, 16384, 128, 8, 53248, 128256, 8192)
