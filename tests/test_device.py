@@ -106,3 +106,33 @@ def test_describe_says_what_is_forced(monkeypatch):
         device.describe()
     monkeypatch.delenv(device.FORCE_CAPS_ENV)
     assert "forced" not in device.describe()
+
+
+def test_kernels_honour_forced_flags(monkeypatch):
+    """The code paths that read the hardware take the T4 branch when the flags are forced off:
+    the bf16 PTX unpacking of the quantized GEMV and the persistent TMA matmul."""
+    import types
+
+    from kernels import matmul
+    from kernels.quant import qgemv
+
+    monkeypatch.setattr(device, "_query", _h100_like)
+    monkeypatch.setattr(device, "GPU_MODE", True)
+    hopper = types.SimpleNamespace(major=9, minor=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: hopper)
+    monkeypatch.setattr(torch.version, "hip", None)
+
+    def answers(spec):
+        monkeypatch.setenv(device.FORCE_CAPS_ENV, spec)
+        device.capabilities.cache_clear()
+        qgemv._use_asm.cache_clear()
+        monkeypatch.setattr(matmul, "_TMA_CAPABLE", {})
+        return qgemv._use_asm(torch.bfloat16), qgemv._use_asm(torch.float16), matmul._tma_capable(0)
+
+    try:
+        assert answers("") == (True, True, True)
+        assert answers("t4") == (False, True, False)
+        assert answers("no-tma") == (True, True, False)
+    finally:
+        device.capabilities.cache_clear()
+        qgemv._use_asm.cache_clear()
