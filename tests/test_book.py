@@ -573,6 +573,22 @@ def check_notebook_opening(nb: dict) -> list[str]:
     return problems
 
 
+NEEDS = "**Needs:** "
+
+
+def check_needs_line(nb: dict) -> list[str]:
+    """Right under the title, one paragraph says what the notebook needs (a CUDA GPU, bf16, Hopper
+    for TMA, fp8, two GPUs) and what runs without it: a Colab or T4 reader sees it before running."""
+    cells = nb.get("cells", [])
+    lines = _source(cells[0]).lstrip("\n").splitlines() if cells else []
+    paragraph = next((ln for ln in lines[1:] if ln.strip()), "")
+    if not paragraph.startswith(NEEDS):
+        return [f"the paragraph under the title does not start with {NEEDS.strip()!r}"]
+    if len(lines) > 1 and lines[1].strip():
+        return ["no blank line between the title and the Needs paragraph"]
+    return []
+
+
 _HIDDEN_OUTPUT_TAGS = {"remove-output", "remove-cell", "hide-output"}
 
 
@@ -602,6 +618,11 @@ def check_figures(nb: dict) -> list[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
 def test_notebook_page_opens_with_its_title(path):
     assert not (problems := check_notebook_opening(_load(path))), problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
+def test_notebook_says_what_it_needs(path):
+    assert not (problems := check_needs_line(_load(path))), problems
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
@@ -747,6 +768,21 @@ def test_rules_catch_bad_notebook_openings():
     assert shown == ["first code cell (the bootstrap) is not tagged remove-input or hide-input"]
     folded = dict(_GOOD_FIRST, metadata={"tags": ["hide-input"]})
     assert check_notebook_opening(_nb(_md("# Lab"), folded)) == []
+
+
+def test_rules_catch_a_missing_needs_line():
+    title = "# Lab 4c · Fused softmax\n\n"
+    good = _nb(
+        _md(title + "**Needs:** a CUDA GPU (bf16 on Ampere or newer, fp16 before).\n\nText.")
+    )
+    assert check_needs_line(good) == []
+    missing = check_needs_line(_nb(_md(title + "What you will measure.\n\n**Needs:** x")))
+    assert missing == ["the paragraph under the title does not start with '**Needs:**'"]
+    assert check_needs_line(_nb(_md("# Lab 4c\nNeeds: a GPU"))) == missing
+    assert check_needs_line(_nb(_md("# Lab 4c\n**Needs:** a GPU"))) == [
+        "no blank line between the title and the Needs paragraph"
+    ]
+    assert check_needs_line(_nb()) == missing
 
 
 def test_rules_catch_unnumbered_figures():
