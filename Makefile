@@ -15,8 +15,8 @@
 #                       flags, GPU_BRRR_FORCE_CAPS): each must run its fallbacks to the end; writes
 #                       results/gpu-test/<date>-<gpu-slug>-forced-caps.log (scripts/run_forced_caps.sh)
 #
-# `bench`, `gpu-notebooks`, `gpu-test` and `gpu-forced-caps` run with $(PYTHON) (default python3: the interpreter that has your
-# GPU's torch), not .venv, whose torch is the CPU build.
+# `bench`, `gpu-notebooks`, `gpu-test` and `gpu-forced-caps` run with $(PYTHON) (default python3:
+# the interpreter that has your GPU's torch), not .venv, whose torch is the CPU build.
 
 SHELL := /bin/bash
 # The stages share _build/ and .venv/: run them one at a time even under make -j.
