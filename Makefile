@@ -11,9 +11,12 @@
 #                       (every kernel once at small odd shapes); writes a short dated log to
 #                       results/gpu-test/<date>-<gpu-slug>.log (scripts/gpu_test.sh). Run it before
 #                       submitting a kernel change; ARGS go to pytest (e.g. ARGS="tests/test_quant.py").
+#   make gpu-forced-caps  on a GPU machine: every notebook with bf16, TMA and fp8 forced off (a T4's
+#                       flags, GPU_BRRR_FORCE_CAPS): each must run its fallbacks to the end; writes
+#                       results/gpu-test/<date>-<gpu-slug>-forced-caps.log (scripts/run_forced_caps.sh)
 #
-# `bench`, `gpu-notebooks` and `gpu-test` run with $(PYTHON) (default python3: the interpreter that has your
-# GPU's torch), not .venv, whose torch is the CPU build.
+# `bench`, `gpu-notebooks`, `gpu-test` and `gpu-forced-caps` run with $(PYTHON) (default python3:
+# the interpreter that has your GPU's torch), not .venv, whose torch is the CPU build.
 
 SHELL := /bin/bash
 # The stages share _build/ and .venv/: run them one at a time even under make -j.
@@ -34,7 +37,7 @@ NOTEBOOKS ?=
 ARGS ?=
 
 .PHONY: venv book mathjax chromium npm test test-unit test-nbval test-browser lint bench \
-	gpu-notebooks gpu-test clean
+	gpu-notebooks gpu-test gpu-forced-caps clean
 
 venv: $(STAMP)
 
@@ -101,6 +104,9 @@ gpu-notebooks:
 
 gpu-test:
 	PYTHON=$(PYTHON) scripts/gpu_test.sh $(ARGS)
+
+gpu-forced-caps:
+	PYTHON=$(PYTHON) scripts/run_forced_caps.sh $(NOTEBOOKS)
 
 clean:
 	rm -rf _build _vendor

@@ -1,19 +1,35 @@
-"""The ``results-across-gpus`` directive: a table built at build time from every results/*.jsonl.
+"""The results-across-gpus page, built at build time from every results/*.jsonl.
 
-Rows are benchmarks, columns GPUs; each cell is the median fraction of that GPU's own measured roof,
-the median speed-up over the same-run library baseline, and the number of cases (kernels/results.py
-does the reading and the arithmetic). A results file added to results/ appears in the next build.
-Options: ``:prefix:`` keeps only benchmarks whose name starts with it; ``:exclude:`` drops those
-that start with it.
+Two directives; kernels/results.py does the reading, the arithmetic and the drawing, so that the
+logic has one home and its tests (tests/test_results.py) cover what the page shows. A results file
+added to results/ appears in the next build.
+
+``results-across-gpus``: a table. Rows are benchmarks, columns GPUs; each cell is the median fraction
+of that GPU's own measured roof, the median speed-up over the same-run library baseline, and the
+number of cases.
+
+``results-figure``: a numbered figure (an SVG drawn now, written under ``_build/results-figures/``
+next to the HTML, never committed), captioned by the directive's content and labelled by ``:name:``
+for ``{numref}``. ``:kind: bars`` draws each benchmark's median roof fraction and speed-up per GPU;
+``:kind: pairs`` draws every case measured on two GPUs, roof fraction against roof fraction; where
+no case has been, the directive prints a sentence saying so instead of an empty plot. ``:alt:`` is
+the image's alt text.
+
+Both take ``:prefix:`` (keep only benchmarks whose name starts with it) and ``:exclude:`` (drop
+those that start with it); a figure's labels leave the prefix out.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.util.docutils import SphinxDirective
 
 from kernels import results
+
+FIGURE_DIR = Path("_build") / "results-figures"  # relative to the book's source folder
 
 
 def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
@@ -36,20 +52,23 @@ def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
     return table
 
 
-class ResultsAcrossGpus(SphinxDirective):
-    option_spec = {"prefix": directives.unchanged, "exclude": directives.unchanged}
-
-    def run(self):
+class _ResultsDirective(SphinxDirective):
+    def records(self) -> list[dict]:
         directory = results.RESULTS_DIR
         for path in directory.glob("*.jsonl"):  # rebuild the page when a results file changes
             self.env.note_dependency(str(path))
-        gpus, summary = results.summary(results.load_all(directory))
-        prefix, exclude = self.options.get("prefix", ""), self.options.get("exclude")
-        kept = {
-            bench: per_gpu
-            for bench, per_gpu in summary.items()
-            if bench.startswith(prefix) and not (exclude and bench.startswith(exclude))
-        }
+        return results.load_all(directory)
+
+    def section(self, table: dict) -> dict:
+        return results.select(table, self.options.get("prefix", ""), self.options.get("exclude"))
+
+
+class ResultsAcrossGpus(_ResultsDirective):
+    option_spec = {"prefix": directives.unchanged, "exclude": directives.unchanged}
+
+    def run(self):
+        gpus, summary = results.summary(self.records())
+        kept = self.section(summary)
         gpus = [g for g in gpus if any(g in per_gpu for per_gpu in kept.values())]
         if not kept:
             return [nodes.paragraph(text="No results recorded yet.")]
@@ -57,6 +76,54 @@ class ResultsAcrossGpus(SphinxDirective):
         return [_table(["benchmark", *gpus], rows)]
 
 
+class ResultsFigure(_ResultsDirective):
+    has_content = True
+    option_spec = {
+        "kind": lambda arg: directives.choice(arg, ("bars", "pairs")),
+        "name": directives.unchanged_required,
+        "alt": directives.unchanged_required,
+        "prefix": directives.unchanged,
+        "exclude": directives.unchanged,
+    }
+
+    def run(self):
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display in a build
+        for need in ("kind", "name", "alt"):
+            if need not in self.options:
+                raise self.error(f"results-figure needs :{need}:")
+        if not self.content:
+            raise self.error("results-figure needs a caption (the directive's content)")
+        records = self.records()
+        gpus, summary = results.summary(records)
+        colors = results.gpu_colors(gpus)  # one colour per GPU across the page's figures
+        if self.options["kind"] == "bars":
+            prefix = self.options.get("prefix", "")
+            fig = results.draw_bars(self.section(summary), colors, strip=prefix)
+            empty = "No results recorded yet."
+        else:
+            kept = set(self.section(summary))
+            fig = results.draw_pairs([r for r in records if r["bench"] in kept], colors)
+            empty = (
+                "No case has been measured on two GPUs yet, so there is no case-by-case "
+                "comparison to draw: a run of the same benchmark on a second GPU adds one."
+            )
+        if fig is None:
+            return [nodes.paragraph(text=empty)]
+        name = self.options["name"]
+        rel = FIGURE_DIR / f"{nodes.make_id(name)}.svg"
+        results.save_svg(fig, Path(self.env.srcdir) / rel)
+        figure = nodes.figure(classes=["results-figure"])
+        figure += nodes.image(uri="/" + rel.as_posix(), alt=self.options["alt"])
+        text = " ".join(self.content).strip()
+        inline, messages = self.state.inline_text(text, self.lineno)
+        figure += nodes.caption(text, "", *inline)
+        self.add_name(figure)
+        return [figure, *messages]
+
+
 def setup(app):
     app.add_directive("results-across-gpus", ResultsAcrossGpus)
+    app.add_directive("results-figure", ResultsFigure)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

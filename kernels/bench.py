@@ -242,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(records))
     if not device.GPU_MODE:
         print("CPU interpreter mode: these are not GPU numbers, so nothing is written to results/.")
+    elif device.forced_off():
+        # The records would carry this GPU's name but another GPU's code paths.
+        print(
+            f"{device.FORCE_CAPS_ENV} is set: these are not this GPU's numbers, nothing is saved."
+        )
     elif not args.no_save:
         print(f"appended {len(records)} records to {append_records(records)}")
     return 0

@@ -7,6 +7,7 @@ first output. Capabilities come from the device itself, never from a hard-coded 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import platform
@@ -45,10 +46,59 @@ class Capabilities:
         return "CPU interpreter" if INTERPRET else "CPU"
 
 
+# GPU_BRRR_FORCE_CAPS="no-bf16,no-tma,no-fp8" makes capabilities() report those features as absent
+# on any GPU, so one run on an H100 shows every notebook as a T4 (Turing, sm_75) would see it: the
+# fallbacks run and say so. "t4" is shorthand for exactly that set. It can only take features away.
+FORCE_CAPS_ENV = "GPU_BRRR_FORCE_CAPS"
+FORCIBLE = {"no-bf16": "bf16", "no-fp8": "fp8", "no-tma": "tma", "no-tensor-cores": "tensor_cores"}
+FORCE_ALIASES = {"t4": ("no-bf16", "no-fp8", "no-tma")}
+
+
+def parse_forced(spec: str | None) -> frozenset[str]:
+    """The Capabilities fields that ``spec`` (the value of GPU_BRRR_FORCE_CAPS) turns off.
+
+    ``spec`` is a comma-separated list of ``no-bf16``, ``no-fp8``, ``no-tma``, ``no-tensor-cores``
+    or ``t4``; case and spaces do not matter, an empty value forces nothing. Anything else is a
+    ValueError that names the variable and lists what it accepts (a typo must not silently run the
+    notebooks with every feature on).
+    """
+    off: set[str] = set()
+    for raw in (spec or "").split(","):
+        token = raw.strip().lower()
+        if not token:
+            continue
+        if token in FORCE_ALIASES:
+            off.update(FORCIBLE[t] for t in FORCE_ALIASES[token])
+        elif token in FORCIBLE:
+            off.add(FORCIBLE[token])
+        else:
+            accepted = ", ".join([*FORCIBLE, *FORCE_ALIASES])
+            raise ValueError(
+                f"{FORCE_CAPS_ENV}: unknown flag {raw.strip()!r}; accepted: {accepted}"
+            )
+    return frozenset(off)
+
+
+def forced_off() -> frozenset[str]:
+    """The features this process pretends not to have (from GPU_BRRR_FORCE_CAPS)."""
+    return parse_forced(os.environ.get(FORCE_CAPS_ENV))
+
+
+def apply_forced(cap: Capabilities, off: frozenset[str]) -> Capabilities:
+    """``cap`` with the features in ``off`` reported as absent (the device itself is unchanged)."""
+    return dataclasses.replace(cap, **{f: False for f in off}) if off else cap
+
+
 @functools.cache
 def capabilities() -> Capabilities:
-    """Query the current device (device 0 when several GPUs are present). Asked once per process
-    and cached: launchers consult it on every call, and a driver query costs about 10 µs."""
+    """Query the current device (device 0 when several GPUs are present), with the features named
+    in GPU_BRRR_FORCE_CAPS turned off. Asked once per process and cached: launchers consult it on
+    every call, and a driver query costs about 10 µs."""
+    return apply_forced(_query(), forced_off())
+
+
+def _query() -> Capabilities:
+    """What the device reports, before any forcing."""
     if not GPU_MODE:
         return Capabilities(
             name=f"CPU ({platform.processor() or platform.machine()})",
@@ -106,6 +156,11 @@ def describe() -> str:
         flags = [f for f in ("bf16", "fp8", "tensor_cores", "tma") if getattr(cap, f)]
         lines.append(
             f"         features: {', '.join(flags) or 'none of bf16/fp8/tensor cores/TMA'}"
+        )
+    if off := forced_off():
+        lines.append(
+            f"forced : {FORCE_CAPS_ENV} reports {', '.join(sorted(off))} as absent "
+            "(the fallbacks of a GPU without them run)"
         )
     lines.append(f"software: torch {v['torch']}, triton {v['triton']}, CUDA {v['cuda']}")
     if GPU_MODE:

@@ -164,18 +164,28 @@ def support_table(kind: str, gpus: list[str] | None = None, *, cite: bool = Fals
     return "\n".join(lines)
 
 
-def check_against_device(spec: GPUSpec, cap) -> list[str]:
+def check_against_device(spec: GPUSpec, cap, forced: frozenset[str] | None = None) -> list[str]:
     """Where the table and the device's own capability flags (kernels.device) disagree.
 
     Only flags that map one-to-one are compared: fp8 matrix inputs, TMA, and having matrix units
     at all. (torch reports bf16 as supported on GPUs that only emulate it, so bf16 is not compared.)
+    Flags forced off (``forced``, by default GPU_BRRR_FORCE_CAPS's) are left out, with a printed
+    line: the device says False on purpose there.
     """
+    from kernels import device
+
+    forced = device.forced_off() if forced is None else forced
     problems = []
     pairs = [
         ("fp8", cap.fp8, spec.supports("fp8")),
         ("tma", cap.tma, spec.has("tma")),
         ("tensor_cores", cap.tensor_cores, bool(spec.matrix_formats)),
     ]
+    if skipped := [name for name, _, _ in pairs if name in forced]:
+        print(
+            f"{', '.join(skipped)} forced off ({device.FORCE_CAPS_ENV}): not compared with the table"
+        )
+    pairs = [p for p in pairs if p[0] not in forced]
     for name, device_says, table_says in pairs:
         if bool(device_says) != table_says:
             problems.append(

@@ -222,7 +222,9 @@ _TMA_CAPABLE: dict[int, bool] = {}
 def _tma_capable(index: int) -> bool:
     if index not in _TMA_CAPABLE:
         props = torch.cuda.get_device_properties(index)
-        _TMA_CAPABLE[index] = torch.version.hip is None and props.major >= 9
+        # GPU_BRRR_FORCE_CAPS=no-tma (a T4 rehearsal) takes the plain kernel on a Hopper too.
+        forced = "tma" in device.forced_off()
+        _TMA_CAPABLE[index] = torch.version.hip is None and props.major >= 9 and not forced
     return _TMA_CAPABLE[index]
 
 

@@ -276,13 +276,12 @@ def cases(quick: bool) -> list[Case]:
     out += list(_row_cases(ROWS, WIDTHS, DTYPES))
     out += list(_row_cases(WIDE_ROWS, [WIDE], DTYPES))
     mkn = [(m, k, n) for m in MATMUL_M for k, n in MATMUL_KN] + MATMUL_ODD
-    out += list(_matmul_cases(mkn, [torch.bfloat16, torch.float16]))
-    out += list(
-        _attention_cases(ATTN_HEAD_DIMS, ATTN_SEQS, [torch.bfloat16], ATTN_HEADS, ATTN_ROWS)
-    )
-    out += list(_paged_cases(PAGED, torch.bfloat16, head_dim=128, n_heads=32, n_kv=8, block=16))
-    out += list(_gemv_cases(GEMV, torch.bfloat16))
-    out += list(_megakernel_cases(MEGA, torch.bfloat16))
+    # bf16 where the GPU has it; fp16 otherwise (preferred_dtype said so above).
+    out += list(_matmul_cases(mkn, list(dict.fromkeys([low, torch.float16]))))
+    out += list(_attention_cases(ATTN_HEAD_DIMS, ATTN_SEQS, [low], ATTN_HEADS, ATTN_ROWS))
+    out += list(_paged_cases(PAGED, low, head_dim=128, n_heads=32, n_kv=8, block=16))
+    out += list(_gemv_cases(GEMV, low))
+    out += list(_megakernel_cases(MEGA, low))
     return out
 
 

@@ -2,9 +2,12 @@
 
     python scripts/run_gpu_notebooks.py                 # every notebook, then python -m kernels.bench
     python scripts/run_gpu_notebooks.py notebooks/01a-gpu-hierarchy.ipynb --no-bench
+    python scripts/run_gpu_notebooks.py --out-dir /tmp/run --no-bench   # leave notebooks/ as it is
 
 Each notebook is run top to bottom by nbclient with the current Python as its kernel, and written back
-with its fresh outputs: those outputs are what the published book shows. Needs nbclient, nbformat and
+with its fresh outputs: those outputs are what the published book shows (``--out-dir`` writes the
+executed copies there instead). With GPU_BRRR_FORCE_CAPS set (scripts/run_forced_caps.sh) the
+outputs are not this GPU's, so the script refuses to write them in place. Needs nbclient, nbformat and
 ipykernel next to torch; the README's contributor section says how to add them to a GPU machine that
 has no Jupyter.
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def execute(path: Path, timeout: int) -> float:
+def execute(path: Path, timeout: int, out: Path | None = None) -> float:
     import nbformat
     from nbclient import NotebookClient
 
@@ -37,8 +40,13 @@ def execute(path: Path, timeout: int) -> float:
         kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
     )
-    client.execute()
-    nbformat.write(nb, path)
+    try:
+        client.execute()
+    finally:
+        if out is not None:  # a failed run is written too: its error output is the evidence
+            nbformat.write(nb, out)
+    if out is None:
+        nbformat.write(nb, path)
     return time.perf_counter() - t0
 
 
@@ -52,9 +60,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="after a notebook fails, report it and run the rest (the failed one is left unchanged)",
     )
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        help="write the executed notebooks here (also failed ones) instead of in place",
+    )
     args = p.parse_args(argv)
 
     import torch
+
+    sys.path.insert(0, str(ROOT))  # kernels/ from this checkout, installed or not
+    from kernels import device
+
+    if device.forced_off() and args.out_dir is None:
+        print(f"{device.FORCE_CAPS_ENV} is set: these outputs are not this GPU's; pass --out-dir.")
+        return 2
 
     if not torch.cuda.is_available():
         print("no CUDA device: the committed outputs must come from a GPU run; stopping.")
@@ -64,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(f"executing {path} ...", flush=True)
         try:
-            print(f"  done in {execute(path.resolve(), args.timeout):.0f} s", flush=True)
+            out = None
+            if args.out_dir is not None:
+                args.out_dir.mkdir(parents=True, exist_ok=True)
+                out = args.out_dir / path.name
+            print(f"  done in {execute(path.resolve(), args.timeout, out):.0f} s", flush=True)
         except Exception as e:  # nbclient's CellExecutionError carries the cell and traceback
             if not args.keep_going:
                 raise

@@ -159,6 +159,34 @@ def check_bootstrap(nb: dict, repo_url: str) -> list[str]:
     return problems
 
 
+_ASSIGN = r'^{name}\s*=\s*["\']([^"\']*)["\']'
+
+
+def check_repository_setting(nb: dict, repo_url: str, branch: str) -> list[str]:
+    """The bootstrap clones exactly the repository and branch that _config.yml names.
+
+    _config.yml's ``repository`` (url and branch) is the one setting: the launch buttons open
+    ``<url>/blob/<branch>/notebooks/...``. The bootstrap cannot import it (on Colab it runs before
+    the course is there), so each notebook writes it as ``REPO_URL`` and ``REPO_BRANCH`` and clones
+    with ``--branch REPO_BRANCH``; this rule keeps every notebook equal to the configuration.
+    """
+    cells = _code_cells(nb)
+    src = _source(cells[0]) if cells else ""
+    problems = []
+    for name, want in (("REPO_URL", repo_url), ("REPO_BRANCH", branch)):
+        found = re.findall(_ASSIGN.format(name=name), src, flags=re.MULTILINE)
+        if found != [want]:
+            problems.append(
+                f"bootstrap sets {name} to {found or 'nothing'}, _config.yml says {want!r}"
+            )
+    others = set(re.findall(r"https?://[^\s\"']+", src)) - {repo_url}
+    if others:
+        problems.append(f"bootstrap names other URLs than REPO_URL: {sorted(others)}")
+    if not re.search(r'"--branch",\s*REPO_BRANCH,\s*REPO_URL', src):
+        problems.append('bootstrap does not clone with "--branch", REPO_BRANCH, REPO_URL')
+    return problems
+
+
 def check_full_gpu_run(nb: dict) -> list[str]:
     """Every code cell ran, top to bottom, in one session, without an error."""
     problems = []
@@ -216,6 +244,27 @@ def test_notebook_name(path):
 def test_notebook_starts_with_bootstrap_and_device(path):
     problems = check_bootstrap(_load(path), CONFIG["repository"]["url"])
     assert not problems, problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
+def test_notebook_clones_the_configured_repository(path):
+    repo = CONFIG["repository"]
+    problems = check_repository_setting(_load(path), repo["url"], repo["branch"])
+    assert not problems, problems
+
+
+def test_front_matter_names_the_configured_repository():
+    """README and setup point at the same repository and branch as the launch buttons."""
+    repo = CONFIG["repository"]
+    slug = repo["url"].removeprefix("https://github.com/")
+    for page in ("README.md", "setup.md"):
+        text = (ROOT / page).read_text(encoding="utf-8")
+        named = set(re.findall(r"github\.com/([\w.-]+/[\w.-]+)", text))
+        assert named <= {slug}, f"{page} names another repository: {named - {slug}}"
+        colab = re.findall(
+            r"colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/([\w.-]+)", text
+        )
+        assert all(c == (slug, repo["branch"]) for c in colab), f"{page}: Colab links {colab}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
@@ -524,6 +573,22 @@ def check_notebook_opening(nb: dict) -> list[str]:
     return problems
 
 
+NEEDS = "**Needs:** "
+
+
+def check_needs_line(nb: dict) -> list[str]:
+    """Right under the title, one paragraph says what the notebook needs (a CUDA GPU, bf16, Hopper
+    for TMA, fp8, two GPUs) and what runs without it: a Colab or T4 reader sees it before running."""
+    cells = nb.get("cells", [])
+    lines = _source(cells[0]).lstrip("\n").splitlines() if cells else []
+    paragraph = next((ln for ln in lines[1:] if ln.strip()), "")
+    if not paragraph.startswith(NEEDS):
+        return [f"the paragraph under the title does not start with {NEEDS.strip()!r}"]
+    if len(lines) > 1 and lines[1].strip():
+        return ["no blank line between the title and the Needs paragraph"]
+    return []
+
+
 _HIDDEN_OUTPUT_TAGS = {"remove-output", "remove-cell", "hide-output"}
 
 
@@ -553,6 +618,11 @@ def check_figures(nb: dict) -> list[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
 def test_notebook_page_opens_with_its_title(path):
     assert not (problems := check_notebook_opening(_load(path))), problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
+def test_notebook_says_what_it_needs(path):
+    assert not (problems := check_needs_line(_load(path))), problems
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
@@ -635,6 +705,27 @@ def test_rules_catch_bad_notebooks():
     assert not NOTEBOOK_NAME.match("gpu-hierarchy.ipynb") and NOTEBOOK_NAME.match("01a-gpu.ipynb")
 
 
+def test_rules_catch_a_bootstrap_that_disagrees_with_the_config():
+    good = _code(
+        1,
+        'REPO_URL = "https://github.com/o/r"\nREPO_BRANCH = "main"\n'
+        'clone = ["git", "clone", "--branch", REPO_BRANCH, REPO_URL, "r"]\n',
+    )
+    assert check_repository_setting(_nb(good), "https://github.com/o/r", "main") == []
+    fork = check_repository_setting(_nb(good), "https://github.com/o/r-fork", "main")
+    assert "REPO_URL" in fork[0] and "other URLs" in fork[1], fork
+    other_branch = check_repository_setting(_nb(good), "https://github.com/o/r", "dev")
+    assert len(other_branch) == 1 and "REPO_BRANCH" in other_branch[0], other_branch
+    no_branch = dict(good, source=good["source"].replace('"--branch", REPO_BRANCH, ', ""))
+    assert check_repository_setting(_nb(no_branch), "https://github.com/o/r", "main") == [
+        'bootstrap does not clone with "--branch", REPO_BRANCH, REPO_URL'
+    ]
+    extra = dict(good, source=good["source"] + "# see https://github.com/o/other\n")
+    assert "other URLs" in check_repository_setting(_nb(extra), "https://github.com/o/r", "main")[0]
+    twice = dict(good, source=good["source"] + 'REPO_URL = "https://github.com/o/r"\n')
+    assert "REPO_URL" in check_repository_setting(_nb(twice), "https://github.com/o/r", "main")[0]
+
+
 def test_rules_catch_bad_act_pages():
     good = (
         "# Act\n\nSee {cite}`a`.\n\n```{admonition} Takeaway\n:class: tip\nBytes.\n```\n\n"
@@ -677,6 +768,21 @@ def test_rules_catch_bad_notebook_openings():
     assert shown == ["first code cell (the bootstrap) is not tagged remove-input or hide-input"]
     folded = dict(_GOOD_FIRST, metadata={"tags": ["hide-input"]})
     assert check_notebook_opening(_nb(_md("# Lab"), folded)) == []
+
+
+def test_rules_catch_a_missing_needs_line():
+    title = "# Lab 4c · Fused softmax\n\n"
+    good = _nb(
+        _md(title + "**Needs:** a CUDA GPU (bf16 on Ampere or newer, fp16 before).\n\nText.")
+    )
+    assert check_needs_line(good) == []
+    missing = check_needs_line(_nb(_md(title + "What you will measure.\n\n**Needs:** x")))
+    assert missing == ["the paragraph under the title does not start with '**Needs:**'"]
+    assert check_needs_line(_nb(_md("# Lab 4c\nNeeds: a GPU"))) == missing
+    assert check_needs_line(_nb(_md("# Lab 4c\n**Needs:** a GPU"))) == [
+        "no blank line between the title and the Needs paragraph"
+    ]
+    assert check_needs_line(_nb()) == missing
 
 
 def test_rules_catch_unnumbered_figures():

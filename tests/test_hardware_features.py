@@ -129,6 +129,18 @@ def test_check_against_device():
     assert hardware.check_against_device(SPECS["A100-SXM4-80GB"], a100) == []
 
 
+def test_check_against_device_leaves_forced_flags_out(capsys):
+    t4_flags = _caps(fp8=False, tma=False, bf16=False)  # an H100 with GPU_BRRR_FORCE_CAPS=t4
+    assert len(hardware.check_against_device(SPECS["H100-SXM"], t4_flags, frozenset())) == 2
+    forced = frozenset({"fp8", "tma", "bf16"})
+    assert hardware.check_against_device(SPECS["H100-SXM"], t4_flags, forced) == []
+    assert "fp8, tma forced off" in capsys.readouterr().out
+    # A flag that is not forced is still compared.
+    no_tc = _caps(fp8=False, tma=False, tensor_cores=False)
+    problems = hardware.check_against_device(SPECS["H100-SXM"], no_tc, forced)
+    assert len(problems) == 1 and problems[0].startswith("tensor_cores")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU")
 def test_this_gpu_agrees_with_the_table():

@@ -29,8 +29,8 @@ def int4_mma_unavailable() -> str | None:
     reason = cuda.unavailable_reason()
     if reason:
         return reason
-    if device.capabilities().compute_capability < (8, 0):
-        return "the bf16 tensor-core instruction needs compute capability 8.0 or newer"
+    if not device.capabilities().bf16:  # sm_80+, or turned off by GPU_BRRR_FORCE_CAPS
+        return "the bf16 tensor-core instruction needs a GPU with bf16 (compute capability 8.0+)"
     return None
 
 

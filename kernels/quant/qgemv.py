@@ -253,11 +253,12 @@ def _pick_split_k(n_programs: int, k_tiles: int) -> int:
 @functools.cache
 def _use_asm(dtype: torch.dtype = torch.bfloat16) -> bool:
     """The PTX unpacking needs an NVIDIA GPU (not the interpreter); its bf16 form uses packed bf16
-    math (sm_80+), its fp16 form runs on anything a course GPU has (sm_53+)."""
+    math (sm_80+: the ``bf16`` capability, which GPU_BRRR_FORCE_CAPS can turn off), its fp16 form
+    runs on anything a course GPU has (sm_53+)."""
     cap = device.capabilities()
     if not (device.GPU_MODE and cap.vendor == "NVIDIA"):
         return False
-    return cap.compute_capability >= ((8, 0) if dtype is torch.bfloat16 else (5, 3))
+    return cap.bf16 if dtype is torch.bfloat16 else cap.compute_capability >= (5, 3)
 
 
 def gemv(

@@ -30,6 +30,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from kernels import collectives as C  # noqa: E402
+from kernels import device  # noqa: E402
 from kernels import distributed as D  # noqa: E402
 from kernels.models import MLPBlock  # noqa: E402
 
@@ -165,7 +166,8 @@ def main() -> None:
     w = D.init_worker()
     lanes = Lanes()
     result = {"checks": check(w, lanes)}
-    dtype = torch.bfloat16 if w.gpu else torch.float32
+    # bf16 on GPUs that have it; fp16 (with a printed line) on those that do not, e.g. two T4s.
+    dtype = device.preferred_dtype(torch.bfloat16) if w.gpu else torch.float32
     shape = (a.micro_tokens, a.d_model)
     stage = make_stage(w, a.d_model, a.layers_per_stage, dtype)
     gen = torch.Generator(device=w.device).manual_seed(1)

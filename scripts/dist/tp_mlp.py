@@ -67,7 +67,10 @@ def check(w: D.Worker) -> int:
 def time_width(w: D.Worker, d_model: int, tokens: int, reps: int) -> dict:
     from kernels import bench
 
-    dtype = torch.bfloat16 if w.gpu else torch.float32
+    from kernels import device
+
+    # bf16 on GPUs that have it; fp16 (with a printed line) on those that do not, e.g. two T4s.
+    dtype = device.preferred_dtype(torch.bfloat16) if w.gpu else torch.float32
     d_ff = 4 * d_model
     w1, b1, w2, b2 = weights(d_model, d_ff, dtype, w.device)
     gen = torch.Generator(device=w.device).manual_seed(3)  # every rank holds the same input
@@ -78,7 +81,7 @@ def time_width(w: D.Worker, d_model: int, tokens: int, reps: int) -> dict:
         y_tp = D.tp_mlp(x, *shards)
         y_ref = D.mlp_ref(x, w1, b1, w2, b2)
         err = ((y_tp.float() - y_ref.float()).norm() / y_ref.float().norm()).item()
-        assert err < (2e-2 if dtype is torch.bfloat16 else 1e-5), f"TP MLP rel. error {err:.2e}"
+        assert err < (1e-5 if dtype is torch.float32 else 2e-2), f"TP MLP rel. error {err:.2e}"
         # One device, the whole MLP (each rank measures its own GPU; no communication involved).
         single = bench.measure(lambda: D.mlp_ref(x, w1, b1, w2, b2), flops=flops)
         local = bench.measure(
