@@ -3,18 +3,22 @@
 ``planner-validation``: the planner's prediction of every measured Act 5 DDP/FSDP step next to the
 measurement (``planner.validate`` over ``results/nvidia-h200.jsonl``), with the calibrated MFU.
 ``planner-scaling``: the fastest configuration that fits for the 8B-, 70B- and 405B-class models on
-8 to 1024 H100s (``planner.scaling_table``). A results file that changes rebuilds the page; so does a change to the planner itself.
+8 to 1024 H100s (``planner.scaling_table``); ``planner-figure`` draws the same rows (memory per GPU by
+kind, the step's time by part; ``kernels/planner_plots.py``) as a numbered figure with ``:name:``,
+``:alt:`` and its caption as content. A results file that changes rebuilds the page; so does a change to the planner itself.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from docutils import nodes
-from results_tables import _table
+from docutils.parsers.rst import directives
+from results_tables import _table, figure_nodes
 from sphinx.util.docutils import SphinxDirective
 
-from kernels import planner
+from kernels import planner, planner_plots
 
 
 def _note_sources(env) -> None:
@@ -36,9 +40,15 @@ def validation_rows() -> tuple[float, list[list[str]]]:
     return v["mfu"], rows
 
 
+@functools.cache
+def _scaling() -> list[dict]:
+    """``planner.scaling_table()`` once per build (a search over thousands of layouts: seconds)."""
+    return planner.scaling_table()
+
+
 def scaling_rows() -> list[list[str]]:
     out = []
-    for r in planner.scaling_table():
+    for r in _scaling():
         pl = r["plan"]
         if pl is None:
             out.append([r["model"], str(r["gpus"]), "nothing fits", "", "", "", ""])
@@ -85,7 +95,25 @@ class PlannerScaling(SphinxDirective):
         return [_table(header, scaling_rows())]
 
 
+class PlannerFigure(SphinxDirective):
+    has_content = True
+    option_spec = {"name": directives.unchanged_required, "alt": directives.unchanged_required}
+
+    def run(self):
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display in a build
+        for need in ("name", "alt"):
+            if need not in self.options:
+                raise self.error(f"planner-figure needs :{need}:")
+        if not self.content:
+            raise self.error("planner-figure needs a caption (the directive's content)")
+        _note_sources(self.env)
+        return figure_nodes(self, planner_plots.draw_scaling(_scaling()))
+
+
 def setup(app):
     app.add_directive("planner-validation", PlannerValidation)
     app.add_directive("planner-scaling", PlannerScaling)
+    app.add_directive("planner-figure", PlannerFigure)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

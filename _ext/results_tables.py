@@ -27,7 +27,7 @@ from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.util.docutils import SphinxDirective
 
-from kernels import results
+from kernels import plotstyle, results
 
 FIGURE_DIR = Path("_build") / "results-figures"  # relative to the book's source folder
 
@@ -50,6 +50,21 @@ def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
                 row += entry
             target += row
     return table
+
+
+def figure_nodes(directive: SphinxDirective, fig) -> list[nodes.Node]:
+    """A numbered figure of ``fig`` for a figure directive with ``:name:``, ``:alt:`` and its caption
+    as content: the SVG is written under ``FIGURE_DIR`` (built, never committed) and shown with the
+    caption; ``:name:`` labels it for ``{numref}``."""
+    rel = FIGURE_DIR / f"{nodes.make_id(directive.options['name'])}.svg"
+    plotstyle.save_svg(fig, Path(directive.env.srcdir) / rel)
+    figure = nodes.figure(classes=["results-figure"])
+    figure += nodes.image(uri="/" + rel.as_posix(), alt=directive.options["alt"])
+    text = " ".join(directive.content).strip()
+    inline, messages = directive.state.inline_text(text, directive.lineno)
+    figure += nodes.caption(text, "", *inline)
+    directive.add_name(figure)
+    return [figure, *messages]
 
 
 class _ResultsDirective(SphinxDirective):
@@ -111,16 +126,7 @@ class ResultsFigure(_ResultsDirective):
             )
         if fig is None:
             return [nodes.paragraph(text=empty)]
-        name = self.options["name"]
-        rel = FIGURE_DIR / f"{nodes.make_id(name)}.svg"
-        results.save_svg(fig, Path(self.env.srcdir) / rel)
-        figure = nodes.figure(classes=["results-figure"])
-        figure += nodes.image(uri="/" + rel.as_posix(), alt=self.options["alt"])
-        text = " ".join(self.content).strip()
-        inline, messages = self.state.inline_text(text, self.lineno)
-        figure += nodes.caption(text, "", *inline)
-        self.add_name(figure)
-        return [figure, *messages]
+        return figure_nodes(self, fig)
 
 
 def setup(app):

@@ -13,6 +13,7 @@ safe for the common forms of colour blindness.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 # Okabe & Ito (2008), "Color Universal Design": distinguishable under protanopia, deuteranopia and
 # tritanopia. Black last: it is the axis colour, so it is used only when the others run out.
@@ -150,3 +151,15 @@ def overlapping_texts(fig) -> list[tuple[str, str]]:
             if boxes[i][1].overlaps(boxes[j][1]):
                 pairs.append((boxes[i][0], boxes[j][0]))
     return pairs
+
+
+def save_svg(fig, path: Path) -> Path:
+    """Write ``fig`` as SVG with no date or random ids in it (the same records give the same file)."""
+    import matplotlib as mpl
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with mpl.rc_context({"svg.hashsalt": "gpu-brrr"}):
+        fig.savefig(path, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    return path

@@ -294,15 +294,3 @@ def _draw_pairs(ref: str, found: dict[str, list[Pair]], colors: dict[str, str]):
     ax.set_title("Each case on two GPUs, each against its own roof")
     ax.legend(loc="upper left")
     return fig
-
-
-def save_svg(fig, path: Path) -> Path:
-    """Write ``fig`` as SVG with no date or random ids in it (the same records give the same file)."""
-    import matplotlib as mpl
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with mpl.rc_context({"svg.hashsalt": "gpu-brrr"}):
-        fig.savefig(path, format="svg", bbox_inches="tight", metadata={"Date": None})
-    plt.close(fig)
-    return path

@@ -265,3 +265,45 @@ def test_scaling_table_and_markdown():
     assert rows[3]["plan"] is None  # 70B of mixed-precision Adam state does not fit on 8 GPUs
     table = P.markdown_table(rows).splitlines()
     assert len(table) == 2 + 4 and "nothing fits" in table[-1]
+
+
+# ----------------------------------------------------------------------------- the figure (5.4)
+
+
+def _figure_rows() -> list[dict]:
+    model = P.Model("tiny", 4, 256, 4, 4, 1024, 1000, 128)
+    cluster = P.Cluster("H100-SXM", 4)
+    par = P.Parallel(dp=2, pp=2, zero=1, micro_batch=1)
+    pl = P.plan(model, cluster, par, 128 * 8)
+    return [
+        {"model": "tiny", "gpus": 4, "plan": pl},
+        {"model": "huge", "gpus": 8, "plan": None},
+    ]
+
+
+def test_scaling_series_splits_memory_and_time():
+    from kernels import planner_plots
+
+    rows = _figure_rows()
+    fits, none = planner_plots.scaling_series(rows)
+    pl = rows[0]["plan"]
+    assert fits.label == "tiny · 4 GPUs" and fits.config == pl.parallel.label()
+    for part in planner_plots.MEMORY_PARTS:
+        assert fits.memory_gb[part] == pytest.approx(pl.memory[part] / 1e9)
+    assert sum(fits.time_frac.values()) == pytest.approx(1.0)
+    # the pipeline of this layout idles: a bubble share, and communication from ZeRO-1 and PP
+    assert fits.time_frac["bubble"] > 0 and fits.time_frac["comm"] > 0
+    assert fits.capacity_gb == pytest.approx(80)
+    assert none.config is None and none.memory_gb == {} and none.time_frac == {}
+
+
+def test_scaling_figure_is_legible():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kernels import planner_plots, plotstyle
+
+    fig = planner_plots.draw_scaling(_figure_rows())
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "nothing fits" in texts
+    assert plotstyle.overlapping_texts(fig) == []

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kernels import results
+from kernels import plotstyle, results
 
 
 def rec(gpu="GPU A", bench="softmax", shape=(4, 8), date="2026-01-01", ms=1.0, **kw):
@@ -143,7 +143,7 @@ def test_figures_name_the_gpus_and_save_as_svg(tmp_path):
     assert texts == {"GPU A", "GPU B"}
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert labels == ["add", "ceiling", "step"]  # "nothing" has neither a roof nor a speed-up
-    path = results.save_svg(fig, tmp_path / "bars.svg")
+    path = plotstyle.save_svg(fig, tmp_path / "bars.svg")
     svg = path.read_text()
     assert svg.startswith("<?xml") and "<svg" in svg and "Date" not in svg
     assert results.draw_bars({}) is None
@@ -153,4 +153,4 @@ def test_figures_name_the_gpus_and_save_as_svg(tmp_path):
     assert "GPU A" in ax.get_xlabel()
     assert any("GPU B (1 case)" in t.get_text() for t in ax.get_legend().get_texts())
     assert results.draw_pairs([rec()]) is None
-    results.save_svg(fig, tmp_path / "pairs.svg")
+    plotstyle.save_svg(fig, tmp_path / "pairs.svg")
