@@ -18,12 +18,13 @@
 // wgmma m64n128k16 and keeps 2 x 64 fp32 accumulators per thread. Shared memory: (128 + 128) rows x
 // 128 B = 32 KB (plus 1 KB to align it to 1024 B), so several blocks share an SM.
 //
-// Napkin math (H100 SXM, 132 SMs; dense bf16 peak ~989 TFLOP/s from the datasheet): one BK step is
-// 2 x 128 x 128 x 64 = 2.1 MFLOP; at the per-SM peak (~7.5 TFLOP/s) that is ~0.28 us of tensor-core
-// time, against ~0.5-1 us of global-memory latency for its 32 KB of loads, and this step does not
-// overlap them: load, wait, multiply, wait, repeat. Only the other blocks on the SM (registers allow
-// ~2-3 of these) fill the gaps, so expect a fraction of cuBLAS, well above any CUDA-core kernel; the
-// next step overlaps loads with MMAs.
+// Napkin math (H100 SXM: 132 SMs, dense bf16 peak 989.4 TFLOP/s, nvidia2022hopperwhitepaper): one BK
+// step is 2 x 128 x 128 x 64 = 2.1 MFLOP, at the per-SM peak (7.5 TFLOP/s) 0.28 us of tensor-core
+// time. Within a block nothing overlaps it with the 32 KB of loads of the step: load, wait, multiply,
+// wait, repeat, so every k-step pays a full global-memory round trip on top of its MMAs. Only the
+// other blocks on the SM (158 registers x 128 threads: 3 blocks fit) fill the gaps. Expect far more
+// than any CUDA-core rung (the tensor cores' bf16 rate is 15x the SM's fp32 FMA rate: 989.4 vs 67
+// TFLOP/s, nvidia2022h100) and a fraction of cuBLAS; the next step overlaps loads with MMAs.
 //
 // Odd shapes: rows past M or N are predicated (cp.async with 0 source bytes zero-fills them, the
 // epilogue skips them); K must be a multiple of 8 so each 16-byte chunk is entirely in or out, which

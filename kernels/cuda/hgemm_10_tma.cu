@@ -19,10 +19,11 @@
 // kt - 1 + STAGES while the MMAs of kt still run. No warp specialisation yet: the same warpgroup
 // issues copies and MMAs (step 11 splits them).
 //
-// Napkin math: a 128 x 128 x 64 step is ~0.28 us of tensor-core time per SM at peak (step 9); with
-// two tiles always in flight a load has ~0.56 us to arrive, about the latency of a DRAM/L2 round
-// trip, so the MMAs should rarely wait. Shared memory 3 x 32 KB + 1 KB per block: two blocks fit on
-// an SM (228 KB), so one block's epilogue overlaps the other's main loop. Expect a large step over
+// Napkin math: a 128 x 128 x 64 step is 0.28 us of tensor-core time per SM at peak (step 9); with
+// two tiles always in flight a load has two steps (0.56 us at peak) to arrive instead of none, so the
+// MMAs wait only when a load takes longer than that. Shared memory 3 x 32 KB + 1 KB per block: two
+// blocks fit in an SM's 228 KB (nvidiahoppertuning), so one block's epilogue overlaps the other's
+// main loop. Expect a large step over
 // step 9; what remains is the epilogue (registers -> global with 4-byte stores) and the single
 // warpgroup per block issuing everything.
 //

@@ -16,10 +16,11 @@
 // Registers: __launch_bounds__(384, 1) caps every thread at 65536 / 384 = 170 -> 168 registers at
 // entry (a cap is what lets setmaxnreg work). After the switch: 128 x 40 + 256 x 232 = 64512 <= 65536.
 //
-// Tile 128 x 256 x 64 (BN = 256: each byte of A loaded feeds twice the MMAs of step 10's 128 x 128,
-// the shared-memory read traffic per FLOP of the tensor cores drops by a third), 4 stages of 48 KB =
-// 192 KB, one block per SM. Napkin math: a k-step is 2 x 128 x 256 x 64 = 4.2 MFLOP = ~0.56 us at the
-// per-SM peak; three tiles in flight give a load ~1.7 us, several DRAM latencies. What is left for
+// Tile 128 x 256 x 64 (BN = 256: global/L2 bytes per FLOP drop by a quarter, (128 + 256) / (128 x 256)
+// against (128 + 128) / (128 x 128); the shared-memory bytes the tensor cores read per FLOP drop by a
+// sixth, each m64n256k16 reading 64 + 256 rows for 64 x 256 outputs instead of 64 + 128 for 64 x 128),
+// 4 stages of 48 KB = 192 KB, one block per SM. Napkin math: a k-step is 2 x 128 x 256 x 64 = 4.2 MFLOP
+// = 0.56 us at the per-SM peak; three tiles in flight give a load 1.7 us to arrive. What is left for
 // step 12: the epilogue (not overlapped with the next tile's main loop: one tile per block), the
 // tail effect of a non-persistent grid, and L2 reuse (no clusters / multicast).
 //
