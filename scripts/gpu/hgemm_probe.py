@@ -3,7 +3,7 @@ correctness at odd shapes, then timings against cuBLAS. Written before any of it
 is defensive: every step is first checked in a child process with a timeout (a wrong mbarrier parity
 hangs the GPU instead of failing), and only steps that passed are timed.
 
-    PYTHONUNBUFFERED=1 python scripts/gpu/hgemm_probe.py [--sanitize] [--tests] [--steps 9 10 11]
+    PYTHONUNBUFFERED=1 python scripts/gpu/hgemm_probe.py [--sanitize] [--ncu] [--tests] [--steps 9 10 11]
 
 1. build the extension (sm_90a) and report the time;
 2. ``cuobjdump -sass`` of the built .so: per kernel the counts of HGMMA (wgmma), UTMALDG (TMA
@@ -15,14 +15,19 @@ hangs the GPU instead of failing), and only steps that passed are timed.
 4. TFLOP/s of cuBLAS (torch.matmul) and each passing step at 4096^3, 8192^3 and 4000 x 3000 x 5000
    (B as the transpose of a contiguous [N, K] tensor: no copy on either side), as a fraction of
    cuBLAS and of the measured bf16 matmul peak (kernels.roofline.matmul_peak);
-5. ``--tests``: the GPU tests of tests/test_hgemm.py.
+5. ``--ncu``: Nsight Compute sections SpeedOfLight, ComputeWorkloadAnalysis and WarpStateStats of
+   each passing step at 4096^3 (one launch), a few headline rows printed, the CSV kept;
+6. ``--tests``: the GPU tests of tests/test_hgemm.py.
 
-Writes $OUT/hgemm_probe.json and $OUT/hgemm_sass/<kernel>.sass when OUT is set.
+Writes $OUT/hgemm_probe.json, $OUT/hgemm_sass/<kernel>.sass and $OUT/hgemm_ncu_step<N>.csv when OUT
+is set.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import os
 import re
@@ -41,6 +46,9 @@ from kernels import cuda as ladder  # noqa: E402
 CHECK_SHAPES = [(1, 1, 8), (127, 255, 64), (64, 8, 200), (129, 257, 100), (1000, 1000, 1000),
                 (4000, 3000, 5000)]  # fmt: skip
 TIME_SHAPES = ladder.HGEMM_BENCH_SHAPES
+NCU_SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats"]
+NCU_ROWS = ["Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput",
+            "Executed Ipc Active", "Warp Cycles Per Issued Instruction", "Registers Per Thread"]  # fmt: skip
 SASS_OPS = ["HGMMA", "UTMALDG", "LDGSTS", "SYNCS", "WARPGROUP", "LDL", "STL"]
 OUT = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
 
@@ -115,6 +123,37 @@ def run_child(step: int, timeout: float, sanitize: str | None = None) -> dict:
     return res
 
 
+def ncu_child(step: int) -> None:
+    """Run in a child under ncu: one hgemm of 4096^3 (the extension is already built and cached)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16).t()
+    ladder.hgemm(a, b, step)
+    torch.cuda.synchronize()
+
+
+def ncu_step(step: int, timeout: float) -> dict:
+    tool = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    if not Path(tool).exists():
+        return {"error": "ncu not found"}
+    sections = [arg for name in NCU_SECTIONS for arg in ("--section", name)]
+    cmd = [tool, "--kernel-name", "regex:hgemm_", "--launch-count", "1", *sections, "--csv",
+           "--page", "details", sys.executable, __file__, "--ncu-child", str(step)]  # fmt: skip
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"ncu timed out after {timeout:.0f} s"}
+    text = p.stdout[p.stdout.find('"ID"') :] if '"ID"' in p.stdout else ""
+    if OUT:
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"hgemm_ncu_step{step}.csv").write_text(p.stdout + p.stderr)
+    rows = {}
+    for r in csv.DictReader(io.StringIO(text)):
+        name = r.get("Metric Name", "")
+        if name in NCU_ROWS or "Tensor" in name:
+            rows[name] = f"{r.get('Metric Value', '')} {r.get('Metric Unit', '')}".strip()
+    return rows or {"error": f"exit {p.returncode}: " + (p.stderr + p.stdout)[-2000:]}
+
+
 def sass_report() -> dict:
     """HGMMA / UTMALDG / ... counts per kernel in the built extension's SASS."""
     from torch.utils.cpp_extension import _get_build_directory
@@ -162,13 +201,18 @@ def time_steps(steps: list[int]) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--ncu-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, nargs="+", default=sorted(ladder.HGEMM_STEPS))
     p.add_argument("--timeout", type=float, default=180, help="seconds per correctness child")
     p.add_argument("--sanitize", action="store_true", help="also run each check under memcheck")
+    p.add_argument("--ncu", action="store_true", help="Nsight Compute sections per passing step")
     p.add_argument("--tests", action="store_true", help="run the GPU tests of test_hgemm.py")
     args = p.parse_args()
     if args.child is not None:
         print(json.dumps(check_step(args.child)), flush=True)
+        return 0
+    if args.ncu_child is not None:
+        ncu_child(args.ncu_child)
         return 0
     reason = ladder.hgemm_unavailable_reason()
     if reason:
@@ -182,6 +226,15 @@ def main() -> int:
     print(f"built in {report['build_s']} s", flush=True)
     report["sass"] = sass_report()
     print(json.dumps(report["sass"], indent=1), flush=True)
+    for kernel, ops in report["sass"].items():
+        if not isinstance(ops, dict):
+            continue
+        want = {"HGMMA": 1} | ({"UTMALDG": 1} if "wgmma" not in kernel else {"LDGSTS": 1})
+        missing = [op for op, n in want.items() if ops[op] < n]
+        if missing or ops["LDL"] or ops["STL"]:
+            print(
+                f"WARNING {kernel}: missing {missing}, local memory LDL {ops['LDL']} STL {ops['STL']}"
+            )
 
     passed = []
     report["checks"] = []
@@ -203,6 +256,11 @@ def main() -> int:
                       flush=True)  # fmt: skip
 
     report["timings"] = time_steps(passed) if passed else []
+    if args.ncu:
+        report["ncu"] = {}
+        for step in passed:
+            report["ncu"][step] = ncu_step(step, 10 * args.timeout)
+            print(f"step {step} ncu: {json.dumps(report['ncu'][step], indent=1)}", flush=True)
     if args.tests:
         t = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_hgemm.py"],
                            capture_output=True, text=True)  # fmt: skip
