@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from conftest import guarded
 
 import kernels.cuda as ladder
 from kernels import device
-from tests.conftest import guarded
 
 NVCC = shutil.which("nvcc")
 hopper = pytest.mark.skipif(
