@@ -8,6 +8,12 @@ raises ``RuntimeError`` with one line saying so (notebooks print it and move on)
 
 Steps 4-8 use tiles that must divide the matrix: other shapes are zero-padded here (a copy that
 costs time, so benchmarks use tile-multiple sizes and the padding is only for correctness).
+
+The Hopper rungs (``hgemm(a, b, step=9..11)``: bf16 in, fp32 accumulate, bf16 out) continue the
+ladder on the tensor cores with ``wgmma``, TMA and warp specialisation. They are built as their own
+extension for ``sm_90a`` only (``hgemm_common.cuh``, ``hgemm_09_wgmma.cu`` ...), so the SGEMM ladder
+above still builds and runs on any CUDA GPU; on a GPU that is not Hopper ``hgemm`` raises
+``RuntimeError`` saying it needs Hopper.
 """
 
 from __future__ import annotations
@@ -224,8 +230,137 @@ def tune(step: int = 7, n: int = 4096, save: bool = True) -> list[dict]:
     return rows
 
 
+# ----------------------------------------------------------------------------- the Hopper rungs
+
+HGEMM_SOURCES = [
+    "hgemm_common.cuh",
+    "hgemm_09_wgmma.cu",
+    "hgemm_10_tma.cu",
+    "hgemm_11_warpspec.cu",
+]
+# The block tile (BM, BN, BK) of each step, for reading, not for padding: M and N need no multiple
+# (TMA zero-fills / loads are predicated), K is padded to a multiple of HGEMM_K_ALIGN only.
+HGEMM_STEPS = {
+    9: Step(9, "wgmma", (128, 128, 64), "warpgroup MMA from 128B-swizzled shared memory"),
+    10: Step(10, "TMA ring", (128, 128, 64), "TMA copies into a 3-stage mbarrier ring"),
+    11: Step(
+        11, "warp-specialised", (128, 256, 64), "TMA producer + 2 wgmma consumers, setmaxnreg"
+    ),
+}
+# wgmma and setmaxnreg exist only in the architecture-specific sm_90a target (HOPPER.md: the
+# -gencode form, not -arch=sm_90a).
+HGEMM_ARCH_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a",)
+# Rows of A and Bt are read in 16-byte pieces (cp.async, TMA's row pitch): K must be a multiple of 8.
+HGEMM_K_ALIGN = 8
+# Timed shapes (M, N, K): the issue's goals, square powers of two and one odd shape.
+HGEMM_BENCH_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4000, 3000, 5000)]
+
+
+def hgemm_unavailable_reason() -> str | None:
+    """Why the Hopper rungs cannot run here, or None when they can: they need what the SGEMM ladder
+    needs and a GPU of compute capability 9.0 exactly (wgmma is not on Blackwell's sm_100 either)."""
+    reason = unavailable_reason()
+    if reason:
+        return reason
+    cc = device.capabilities().compute_capability
+    if cc != (9, 0):
+        got = "unknown" if cc is None else f"{cc[0]}.{cc[1]}"
+        return (
+            "kernels.cuda.hgemm needs Hopper (sm_90a: wgmma, TMA, setmaxnreg), "
+            f"this GPU has compute capability {got}"
+        )
+    return None
+
+
+def hgemm_source() -> str:
+    """The Hopper kernel sources in build order (without the torch bindings)."""
+    return "\n".join((HERE / f).read_text() for f in HGEMM_SOURCES)
+
+
+@functools.cache
+def _hgemm_module():
+    from torch.utils.cpp_extension import load_inline
+
+    reason = hgemm_unavailable_reason()
+    if reason:
+        raise RuntimeError(reason)
+    return load_inline(
+        name="gpu_brrr_hgemm",
+        cpp_sources="torch::Tensor hgemm(torch::Tensor a, torch::Tensor bt, int64_t step);",
+        cuda_sources=hgemm_source() + "\n" + (HERE / "hgemm_bindings.cu").read_text(),
+        functions=["hgemm"],
+        extra_cuda_cflags=["-O3", "-lineinfo", "-std=c++17", *HGEMM_ARCH_FLAGS],
+        verbose=False,
+    )
+
+
+def hgemm_build() -> None:
+    """Compile (or load from torch's extension cache) the Hopper rungs now rather than at first use."""
+    _hgemm_module()
+
+
+def _k_major_b(b: torch.Tensor) -> torch.Tensor:
+    """``b[K, N]`` as ``Bt[N, K]`` row-major, the K-major layout wgmma reads: free when ``b`` is the
+    transpose of a contiguous ``[N, K]`` tensor (``w.t()`` of an nn.Linear weight), else one copy."""
+    bt = b.t()
+    return bt if bt.is_contiguous() else bt.contiguous()
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """TMA and 16-byte cp.async need 16-byte aligned rows: copy a view that starts off-alignment."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def hgemm(a: torch.Tensor, b: torch.Tensor, step: int = max(HGEMM_STEPS)) -> torch.Tensor:
+    """``a @ b`` for bf16 ``a[M, K]``, ``b[K, N]`` on Hopper with ladder step ``step`` (9-11):
+    fp32 accumulation in the tensor cores, the result rounded once to bf16 ``[M, N]``.
+
+    ``b`` may be contiguous (it is transposed once, a copy of ``K * N`` elements) or, at no cost, the
+    transpose of a contiguous ``[N, K]`` tensor: the kernels read B as ``Bt[N, K]`` (K-major, what
+    ``wgmma`` takes without transposing). Any M and N: edge tiles are predicated (step 9) or
+    zero-filled by TMA (steps 10-11). K is zero-padded to a multiple of 8 when it is not one.
+    """
+    _validate.tensor("a", a, dtypes=(torch.bfloat16,), ndim=2)
+    if not isinstance(b, torch.Tensor):
+        raise TypeError(f"b must be a torch.Tensor, got {type(b).__name__}")
+    if b.dtype != torch.bfloat16:
+        raise TypeError(f"b must have dtype bfloat16, got {b.dtype}")
+    if b.ndim != 2:
+        raise ValueError(f"b must be 2-D, got shape {tuple(b.shape)}")
+    if not (b.is_contiguous() or b.t().is_contiguous()):
+        raise ValueError("b must be contiguous or the transpose of a contiguous [N, K] tensor")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a and b do not chain: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+    if a.device != b.device:
+        raise ValueError(f"a and b must be on one device, got {a.device} and {b.device}")
+    if isinstance(step, bool) or not isinstance(step, int) or step not in HGEMM_STEPS:
+        raise ValueError(
+            f"step must be an int in {min(HGEMM_STEPS)}..{max(HGEMM_STEPS)}, got {step!r}"
+        )
+    reason = hgemm_unavailable_reason()
+    if reason:
+        raise RuntimeError(reason)
+    if a.device.type != "cuda":
+        raise ValueError(f"a and b must be CUDA tensors, got {a.device}")
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0 or K == 0:
+        return torch.zeros(M, N, device=a.device, dtype=a.dtype)
+    bt = _k_major_b(b)
+    kp = -(-K // HGEMM_K_ALIGN) * HGEMM_K_ALIGN
+    if kp != K:  # zeros in the padded columns of both operands add nothing to the products
+        a, bt = _pad(a, M, kp), _pad(bt, N, kp)
+    return _hgemm_module().hgemm(_aligned(a), _aligned(bt), step)
+
+
+def hgemm_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fp32 reference of ``hgemm``: the bf16 inputs are exact in fp64, the product is rounded once to
+    fp32 (computed in fp64 so no TF32 setting can change it)."""
+    return (a.double() @ b.double()).float()
+
+
 def _register_benchmark():
-    from kernels import bench
+    from kernels import bench, roofline
 
     @bench.register("sgemm_ladder")
     def _bench(quick: bool) -> list[dict]:
@@ -256,6 +391,39 @@ def _register_benchmark():
                     ceiling=("cublas_fp32", cublas.tflops),
                 )
             )
+        return recs
+
+    @bench.register("hgemm")
+    def _bench_hgemm(quick: bool) -> list[dict]:
+        reason = hgemm_unavailable_reason()
+        if reason:
+            print(f"hgemm skipped: {reason}")
+            return []
+        peak = roofline.matmul_peak("bfloat16")
+        recs = []
+        for m, n, k in HGEMM_BENCH_SHAPES[:1] if quick else HGEMM_BENCH_SHAPES:
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()  # K-major B: no copy
+            flops = 2 * m * n * k
+            cublas = bench.measure(lambda a=a, b=b: a @ b, flops=flops)
+            ceiling = (peak.name, peak.value)
+            recs.append(
+                bench.record("hgemm", "cublas", (m, n, k), "bfloat16", cublas, ceiling=ceiling)
+            )
+            for step, info in HGEMM_STEPS.items():
+                t = bench.measure(lambda a=a, b=b, s=step: hgemm(a, b, s), flops=flops)
+                variant = f"step{step}-{info.name.replace(' ', '-')}"
+                recs.append(
+                    bench.record(
+                        "hgemm",
+                        variant,
+                        (m, n, k),
+                        "bfloat16",
+                        t,
+                        baseline=("cublas", cublas),
+                        ceiling=ceiling,
+                    )
+                )
         return recs
 
 

@@ -1,0 +1,262 @@
+"""The Hopper rungs of the CUDA ladder (kernels/cuda/hgemm_*.cu): every step compiles for sm_90a with
+nvcc (no GPU needed) into the instructions it is about, the launcher validates its input and says
+"needs Hopper" before it tries to build anything, and on an H100 each step matches an fp32
+reference on odd shapes."""
+
+import dataclasses
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from conftest import guarded
+
+import kernels.cuda as ladder
+from kernels import device
+
+NVCC = shutil.which("nvcc")
+hopper = pytest.mark.skipif(
+    ladder.hgemm_unavailable_reason() is not None, reason="needs a Hopper GPU (sm_90a) and nvcc"
+)
+# What the step's idea must put in the PTX: (instruction, how many times) per step; None: at least
+# once. wgmma per main-loop iteration: step 9 and 10 issue 4 (k16) x 2 (m64 halves), step 11 4 per
+# consumer; step 9 copies 8 row passes x (A, B) chunks of 16 bytes per thread, unrolled.
+EXPECTED_PTX = {
+    9: {"wgmma.mma_async": 8, "cp.async.cg.shared.global": 16, "fence.proxy.async": 1},
+    10: {"wgmma.mma_async": 8, "cp.async.bulk.tensor.2d": None, "mbarrier.try_wait.parity": None},
+    11: {
+        "wgmma.mma_async": 4,
+        "cp.async.bulk.tensor.2d": None,
+        "setmaxnreg.dec": 1,
+        "setmaxnreg.inc": 1,
+        "mbarrier.arrive.shared": None,
+    },
+}
+# torch's extension build defines these; the kernels must not rely on implicit bf16 conversions.
+TORCH_DEFINES = [
+    "-D__CUDA_NO_HALF_OPERATORS__",
+    "-D__CUDA_NO_HALF_CONVERSIONS__",
+    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-D__CUDA_NO_HALF2_OPERATORS__",
+]
+
+
+def _step_file(step: int) -> str:
+    return next(f for f in ladder.HGEMM_SOURCES if f.startswith(f"hgemm_{step:02d}_"))
+
+
+def _nvcc_step(step: int, tmp_path) -> tuple[subprocess.CompletedProcess, str]:
+    """Compile hgemm_common.cuh + one step for sm_90a, keeping the PTX; return (process, PTX)."""
+    work = tmp_path / f"step{step}"
+    work.mkdir()
+    src = work / f"hgemm_{step}.cu"
+    src.write_text(
+        (ladder.HERE / "hgemm_common.cuh").read_text()
+        + "\n"
+        + (ladder.HERE / _step_file(step)).read_text()
+    )
+    proc = subprocess.run(
+        [NVCC, "-std=c++17", "-O3", *ladder.HGEMM_ARCH_FLAGS, *TORCH_DEFINES, "-Xptxas", "-v"]
+        + ["-keep", "-keep-dir", str(work), "-c", str(src), "-o", str(src) + ".o"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    ptx = "\n".join(p.read_text() for p in work.glob("*.ptx"))
+    return proc, ptx
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_every_step_compiles_for_sm90a_into_its_instructions(tmp_path):
+    steps = sorted(ladder.HGEMM_STEPS)
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip(steps, pool.map(lambda s: _nvcc_step(s, tmp_path), steps)))
+    for step, (proc, ptx) in results.items():
+        log = proc.stderr + proc.stdout
+        assert proc.returncode == 0, f"step {step}:\n{log[-4000:]}"
+        # ptxas says so when it must serialise wgmma (accumulators touched mid-flight) or ignores
+        # setmaxnreg (C7508); either would silently cost the step its idea.
+        assert "serialized" not in log and "C7508" not in log, f"step {step}:\n{log[-4000:]}"
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        assert spills and all(s == ("0", "0") for s in spills), f"step {step} spills:\n{log}"
+        for instr, count in EXPECTED_PTX[step].items():
+            found = len(re.findall(re.escape(instr), ptx))
+            if count is None:
+                assert found >= 1, f"step {step}: no {instr} in the PTX"
+            else:
+                assert found == count, (
+                    f"step {step}: {found} x {instr} in the PTX, expected {count}"
+                )
+    # setmaxnreg only works under a register cap: 65536 / 384 threads -> 168 registers at entry.
+    assert "Used 168 registers" in results[11][0].stderr + results[11][0].stdout
+
+
+def test_every_step_has_a_source_file_and_a_binding():
+    bindings = (ladder.HERE / "hgemm_bindings.cu").read_text()
+    for step in ladder.HGEMM_STEPS:
+        assert (ladder.HERE / _step_file(step)).exists()
+        assert f"case {step}: info = hgemm_{step:02d}(" in bindings
+    # the two ladders are separate builds: the SGEMM one never sees sm_90a-only code
+    assert not set(ladder.HGEMM_SOURCES) & set(ladder.SOURCES)
+
+
+bf16 = torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "a, b, kw, err, match",
+    [
+        ([[1.0]], torch.zeros(1, 1, dtype=bf16), {}, TypeError, "a must be a torch.Tensor"),
+        (torch.zeros(4, 8), torch.zeros(8, 4, dtype=bf16), {}, TypeError, "a must have dtype"),
+        (torch.zeros(4, 8, dtype=bf16), torch.zeros(8, 4), {}, TypeError, "b must have dtype"),
+        (
+            torch.zeros(8, dtype=bf16),
+            torch.zeros(8, 4, dtype=bf16),
+            {},
+            ValueError,
+            "a must be 2-D",
+        ),
+        (
+            torch.zeros(4, 8, dtype=bf16),
+            torch.zeros(8, dtype=bf16),
+            {},
+            ValueError,
+            "b must be 2-D",
+        ),
+        (
+            torch.zeros(4, 8, dtype=bf16),
+            torch.zeros(4, 8, dtype=bf16),
+            {},
+            ValueError,
+            "do not chain",
+        ),
+        (
+            torch.zeros(4, 8, dtype=bf16),
+            torch.zeros(8, 8, dtype=bf16)[:, ::2],
+            {},
+            ValueError,
+            "b must be contiguous or the transpose",
+        ),
+        (
+            torch.zeros(8, 4, dtype=bf16).t(),
+            torch.zeros(8, 4, dtype=bf16),
+            {},
+            ValueError,
+            "a must be contiguous",
+        ),
+        (
+            torch.zeros(4, 8, dtype=bf16),
+            torch.zeros(8, 4, dtype=bf16),
+            {"step": 8},
+            ValueError,
+            "step",
+        ),
+        (
+            torch.zeros(4, 8, dtype=bf16),
+            torch.zeros(8, 4, dtype=bf16),
+            {"step": True},
+            ValueError,
+            "step",
+        ),
+    ],
+)
+def test_hgemm_rejects_bad_input_before_building(a, b, kw, err, match):
+    with pytest.raises(err, match=match):
+        ladder.hgemm(a, b, **kw)
+
+
+def _pretend(monkeypatch, cc):
+    """Pretend the toolchain is there and the GPU has compute capability ``cc``."""
+    caps = dataclasses.replace(device.capabilities(), compute_capability=cc)
+    monkeypatch.setattr(ladder, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(ladder.device, "capabilities", lambda: caps)
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (8, 9), (10, 0), (12, 0)])
+def test_hgemm_says_it_needs_hopper(monkeypatch, cc):
+    _pretend(monkeypatch, cc)
+    assert "needs Hopper (sm_90a" in ladder.hgemm_unavailable_reason()
+    a, b = torch.zeros(4, 8, dtype=bf16), torch.zeros(8, 4, dtype=bf16)
+    with pytest.raises(RuntimeError, match=rf"needs Hopper \(sm_90a.*{cc[0]}\.{cc[1]}"):
+        ladder.hgemm(a, b)
+    with pytest.raises(RuntimeError, match="needs Hopper"):
+        ladder.hgemm_build()  # the build is refused too, not attempted
+    ladder._hgemm_module.cache_clear()  # nothing was cached, but leave no trace for other tests
+
+
+def test_hgemm_on_hopper_checks_the_device_of_its_inputs(monkeypatch):
+    _pretend(monkeypatch, (9, 0))
+    assert ladder.hgemm_unavailable_reason() is None
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        ladder.hgemm(torch.zeros(4, 8, dtype=bf16), torch.zeros(8, 4, dtype=bf16))
+
+
+@pytest.mark.skipif(device.GPU_MODE, reason="checks the CPU-only message")
+def test_hgemm_says_what_it_needs_without_a_gpu():
+    assert "GPU" in ladder.hgemm_unavailable_reason()
+    with pytest.raises(RuntimeError, match="GPU"):
+        ladder.hgemm(torch.zeros(4, 8, dtype=bf16), torch.zeros(8, 4, dtype=bf16))
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor):
+    """bf16 output of an fp32-accumulated product: each element is the fp32 sum rounded once to
+    bf16 (relative error <= 2^-8) plus accumulation-order differences (tiny against max |ref|). A
+    wrong swizzle, descriptor or fragment mapping gives errors of the order of |ref| itself."""
+    assert out.dtype == bf16 and out.shape == ref.shape
+    out = out.float()
+    assert torch.isfinite(out).all()
+    err = (out - ref).abs()
+    bound = 2**-7 * ref.abs() + 1e-3 * ref.abs().max()
+    assert (err <= bound).all(), (
+        f"max error {err.max().item():.3g}, worst ratio {(err / bound).max():.3g}"
+    )
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("step", sorted(ladder.HGEMM_STEPS))
+@pytest.mark.parametrize(
+    "mnk",
+    [
+        (1, 1, 8),
+        (127, 255, 64),
+        (129, 257, 100),  # K % 8 != 0: the padded path
+        (64, 8, 200),  # K of several tiles, the last partial: ring wrap-around and zero-fill
+        (1000, 1000, 1000),
+        (4000, 3000, 5000),
+    ],
+)
+def test_hgemm_matches_fp32_reference(step, mnk):
+    m, n, k = mnk
+    g = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
+    # Guarded: a load past the end of A or Bt reads NaN and poisons the result.
+    a = guarded(torch.randn(m, k, device="cuda", dtype=bf16, generator=g))
+    w = guarded(torch.randn(n, k, device="cuda", dtype=bf16, generator=g))
+    for b in (w.t(), w.t().contiguous()):  # K-major view (no copy) and row-major [K, N] (copied)
+        _check(ladder.hgemm(a, b, step), ladder.hgemm_ref(a, b))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("step", sorted(ladder.HGEMM_STEPS))
+def test_hgemm_empty_and_unaligned_inputs(step):
+    a = torch.randn(33, 72, device="cuda", dtype=bf16)
+    w = torch.randn(40, 72, device="cuda", dtype=bf16)
+    assert ladder.hgemm(a[:, :0].contiguous(), w[:, :0].t(), step).abs().sum() == 0
+    # a view starting 2 bytes into its storage: copied to 16-byte alignment, still correct
+    buf = torch.randn(33 * 72 + 1, device="cuda", dtype=bf16)
+    a_off = buf[1:].view(33, 72)
+    _check(ladder.hgemm(a_off, w.t(), step), ladder.hgemm_ref(a_off, w.t()))
+
+
+def test_hgemm_benchmark_is_registered_and_skips_without_hopper(capsys):
+    from kernels import bench
+
+    assert "hgemm" in bench.BENCHMARKS
+    if ladder.hgemm_unavailable_reason() is None:
+        pytest.skip("on Hopper the benchmark times for real (scripts/gpu/hgemm_probe.py)")
+    assert bench.BENCHMARKS["hgemm"](True) == []
+    assert "hgemm skipped" in capsys.readouterr().out
