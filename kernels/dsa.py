@@ -52,9 +52,9 @@ DEEPSEEK_V32 = dict(n_idx_heads=64, d_idx=128, topk=2048)
 # Indexer tiles (BLOCK_T, BLOCK_S, num_warps, num_stages): BLOCK_T queries x H_I heads are the M
 # rows of one dot against BLOCK_S keys. Decode has one query (BLOCK_T = 1: M = 64 rows); in
 # prefill BLOCK_T = 2-4 gives M = 128-256 and reads each key tile once per BLOCK_T queries.
-_INDEXER_CONFIGS = [
+_INDEXER_CONFIGS = [  # no register spills in ptxas's report (sm_90, fp8, H_I = 64, d_I = 128)
     (1, 64, 4, 3),
-    (1, 128, 4, 3),
+    (1, 128, 8, 3),
     (2, 64, 8, 3),
     (2, 128, 8, 3),
     (4, 64, 8, 3),
@@ -230,9 +230,11 @@ def _sparse_mla_kernel(
     # mla_decode's program with one change: the BLOCK_N tokens of a tile are not consecutive
     # positions but BLOCK_N entries of this query's index list. Each index goes through the
     # block table to a physical row, so a tile gathers BLOCK_N scattered 576-wide rows.
-    q_row = tl.program_id(0).to(tl.int64)
-    head_block = tl.program_id(1)
-    split = tl.program_id(2)
+    # The grid as mla_decode's: axis 0 = (query, head block), head blocks adjacent; axis 1 = split.
+    n_head_blocks = tl.cdiv(n_heads, BLOCK_H)
+    q_row = (tl.program_id(0) // n_head_blocks).to(tl.int64)
+    head_block = tl.program_id(0) % n_head_blocks
+    split = tl.program_id(1)
     seq = q_row // n_queries
     chunk = tl.cdiv(tl.cdiv(n_idx, num_splits), BLOCK_N) * BLOCK_N
     lo = split * chunk
@@ -837,7 +839,7 @@ _SPARSE_SIZES = {
 }  # fmt: skip
 
 
-def _sparse_spec(t: str, splits: int, min_cc: int, block_h: int = 64, warps: int = 8) -> dict:
+def _sparse_spec(t: str, splits: int, min_cc: int, block_h: int = 32, warps: int = 8) -> dict:
     out_t = t if splits == 1 else "fp32"
     return dict(
         kernel=_sparse_mla_kernel.fn,
@@ -875,7 +877,7 @@ COMPILE_SPECS = [
     _indexer_spec("bf16", 2, 80),
     _indexer_spec("fp16", 1, 0),
     _sparse_spec("bf16", 4, 80),
-    _sparse_spec("bf16", 1, 80),
+    _sparse_spec("bf16", 1, 80, block_h=64),
     _sparse_spec("fp16", 1, 0, block_h=16, warps=4),
 ]
 

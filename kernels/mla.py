@@ -57,18 +57,21 @@ DEEPSEEK_V3 = dict(r=512, d_rope=64, n_heads=128, d_nope=128, d_v=128)
 
 # ----------------------------------------------------------------------------- configurations
 
-# (BLOCK_H, BLOCK_N, num_warps, num_stages). A tile of BLOCK_N cache rows of 576 bf16 values is
-# 72 KB at BLOCK_N = 64, so at most two tiles are in flight; the fp32 accumulator is BLOCK_H x r
-# (64 x 512 = 128 KB of registers over 8 warps: 128 per thread), which is why BLOCK_H = 64 needs
-# 8 warps. Smaller head blocks re-read each row once per head block (from L2, mostly). The
-# interpreter runs the first one only (multi-config autotuning fails there).
+# (BLOCK_H, BLOCK_N, num_warps, num_stages). The fp32 accumulator is BLOCK_H x r (32 x 512 over
+# 8 warps: 64 registers a thread) and the latent queries stay resident beside it, so registers
+# bind: ptxas (sm_90, Triton 3.6) reports no or a few bytes of spills for these and hundreds for
+# BLOCK_H = 64 (kept once, for the autotuner to judge the trade: it reads each row for 64 heads
+# at once). A 32-row tile of 576 bf16 values is 36 KB, so 2-3 stages fit in shared memory.
+# Smaller head blocks re-read each row once per head block: the grid puts a row's head blocks
+# next to each other so that those re-reads come from L2. The interpreter runs one config only
+# (multi-config autotuning fails there).
 _CONFIGS = [
-    (64, 32, 8, 2),
-    (64, 64, 8, 1),
-    (32, 64, 8, 2),
-    (32, 32, 4, 2),
-    (16, 64, 4, 2),
-    (16, 32, 4, 3),
+    (32, 32, 8, 2),
+    (32, 32, 8, 3),
+    (32, 16, 8, 3),
+    (16, 32, 8, 2),
+    (16, 16, 4, 2),
+    (64, 16, 8, 2),
 ]
 _INTERPRETER_CONFIG = (16, 32, 4, 1)
 
@@ -225,9 +228,12 @@ def _mla_decode_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    head_block = tl.program_id(1)
-    split = tl.program_id(2)
+    # Axis 0 is (sequence, head block) with the head blocks of one sequence adjacent: they run
+    # together and share each cache row through L2. Axis 1 is the split.
+    n_head_blocks = tl.cdiv(n_heads, BLOCK_H)
+    seq = tl.program_id(0) // n_head_blocks
+    head_block = tl.program_id(0) % n_head_blocks
+    split = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
     # A length outside [0, max_tokens] would walk past the block table's row: the sequence reads
     # nothing and answers NaN (the launcher raises first in debug mode).
@@ -443,16 +449,18 @@ def _check_values(block_table, seq_lens, num_blocks: int, page: int) -> None:
 
 def launch_attention(kernel, grid_rows: int, n_heads: int, splits: int, config, args, **meta):
     """Launch an autotuned MLA attention kernel (or, with ``config``, its plain jit function at
-    one tile) over the grid (rows, head blocks, splits)."""
+    one tile) over the grid (rows x head blocks, splits)."""
+    if splits > 65535:
+        raise ValueError(f"num_splits must be at most 65535, got {splits}")
     if config is None:
 
         def grid(m):
-            return (grid_rows, triton.cdiv(n_heads, m["BLOCK_H"]), splits)
+            return (grid_rows * triton.cdiv(n_heads, m["BLOCK_H"]), splits)
 
         kernel[grid](*args, **meta)
     else:
         bh, bn, w, s = config
-        grid = (grid_rows, triton.cdiv(n_heads, bh), splits)
+        grid = (grid_rows * triton.cdiv(n_heads, bh), splits)
         kernel.fn[grid](*args, **meta, BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=s)
 
 
@@ -822,7 +830,7 @@ _SIZES = {
 }  # fmt: skip
 
 
-def _decode_spec(t: str, splits: int, min_cc: int, block_h: int = 64, warps: int = 8) -> dict:
+def _decode_spec(t: str, splits: int, min_cc: int, block_h: int = 32, warps: int = 8) -> dict:
     out_t = t if splits == 1 else "fp32"
     return dict(
         kernel=_mla_decode_kernel.fn,
@@ -865,7 +873,7 @@ def _combine_spec(t: str, min_cc: int) -> dict:
 # bf16 dots need Ampere (8.0); Turing (sm_75) builds the fp16 variant at a smaller head block.
 COMPILE_SPECS = [
     _decode_spec("bf16", 8, 80),
-    _decode_spec("bf16", 1, 80, block_h=16, warps=4),
+    _decode_spec("bf16", 1, 80, block_h=64),
     _decode_spec("fp16", 4, 0, block_h=16, warps=4),
     _combine_spec("bf16", 80),
     _combine_spec("fp16", 0),
