@@ -162,9 +162,7 @@ def _indexer_kernel(
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))  # fp8 / bf16 operands, fp32 accumulation
-        w = tl.load(
-            w_ptr + seq.to(tl.int64) * stride_wb + t * stride_wt + h, mask=m_ok, other=0.0
-        )
+        w = tl.load(w_ptr + seq.to(tl.int64) * stride_wb + t * stride_wt + h, mask=m_ok, other=0.0)
         # ReLU, weight per (query, head), then the sum over heads: [BLOCK_T, BLOCK_S].
         s = tl.maximum(s, 0.0) * w[:, None]
         idx = tl.sum(tl.reshape(s, [BLOCK_T, H_PAD, BLOCK_S]), 1)
@@ -183,7 +181,9 @@ def _indexer_kernel(
     key=["rows_bucket", "n_idx", "num_splits", "n_heads", "R", "ROPE", "PAGE_SIZE"],
     do_bench=functools.partial(triton.testing.do_bench, warmup=10, rep=40),
 )
-@triton.jit(do_not_specialize=["rows_bucket", "num_splits", "n_queries", "num_blocks", "max_tokens"])
+@triton.jit(
+    do_not_specialize=["rows_bucket", "num_splits", "n_queries", "num_blocks", "max_tokens"]
+)
 def _sparse_mla_kernel(
     # pointers: q_latent [B*T, H, R]; q_rope [B*T, H, ROPE]; kv [num_blocks, PAGE, R + ROPE];
     # block_table int32 [B, max_blocks]; indices int32 [B*T, n_idx] (token ids, -1 = none);
@@ -305,6 +305,26 @@ def _check_int_tensor(name: str, t, ndim: int, shape: tuple, dev) -> None:
         )
 
 
+def _check_indexer_config(config) -> None:
+    """``config = (BLOCK_T, BLOCK_S, num_warps, num_stages)``: BLOCK_T a power of two, BLOCK_S a
+    power of two >= 16."""
+    if config is None:
+        return
+    ok = (
+        isinstance(config, tuple)
+        and len(config) == 4
+        and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in config)
+        and not config[0] & (config[0] - 1)
+        and config[1] >= 16
+        and not config[1] & (config[1] - 1)
+    )
+    if not ok:
+        raise ValueError(
+            "config must be (BLOCK_T, BLOCK_S, num_warps, num_stages) with BLOCK_T a power of "
+            f"two and BLOCK_S a power of two >= 16, got {config!r}"
+        )
+
+
 def lightning_indexer(
     q_idx: torch.Tensor,
     k_idx_cache: torch.Tensor,
@@ -330,9 +350,7 @@ def lightning_indexer(
     _validate.tensor("q_idx", q_idx, dtypes=INDEX_DTYPES, ndim=4)
     _validate.tensor("k_idx_cache", k_idx_cache, dtypes=INDEX_DTYPES, ndim=3)
     _validate.same("q_idx", q_idx, "k_idx_cache", k_idx_cache, shape=False)
-    if q_idx.dtype == torch.float8_e4m3fn and not (
-        device.GPU_MODE and device.capabilities().fp8
-    ):
+    if q_idx.dtype == torch.float8_e4m3fn and not (device.GPU_MODE and device.capabilities().fp8):
         raise TypeError(
             "q_idx in float8_e4m3fn needs a GPU with FP8 tensor cores (Ada, Hopper or newer); "
             "use indexer_dtype()"
@@ -365,7 +383,7 @@ def lightning_indexer(
         raise ValueError(
             f"n_ctx must be an int in [0, the block table's capacity {capacity}], got {n_ctx!r}"
         )
-    mla.check_config(config)
+    _check_indexer_config(config)
     if device.GPU_MODE and not q_idx.is_cuda:
         raise ValueError(f"q_idx must be on a CUDA device, got {q_idx.device}")
     if _validate.check_values(block_table, positions) and positions.numel():
@@ -403,9 +421,7 @@ def lightning_indexer(
     else:
         bt, bs, nw, ns = config
         grid = (n_seqs, triton.cdiv(n_queries, bt), triton.cdiv(n_ctx, bs))
-        _indexer_kernel.fn[grid](
-            *args, **meta, BLOCK_T=bt, BLOCK_S=bs, num_warps=nw, num_stages=ns
-        )
+        _indexer_kernel.fn[grid](*args, **meta, BLOCK_T=bt, BLOCK_S=bs, num_warps=nw, num_stages=ns)
     return out
 
 
@@ -548,7 +564,8 @@ def dsa_decode(
     ``block_table``; sequence ``b``'s new token sees its ``seq_lens[b]`` cached tokens. Returns
     ``o_lat: [B, H, r]``."""
     positions = (seq_lens - 1)[:, None].contiguous()
-    scores = lightning_indexer(q_idx[:, None], k_idx_cache, w[:, None], block_table, positions)
+    q_i, w_i = q_idx[:, None].contiguous(), w[:, None].contiguous()  # tiny: B x H_I x d_I
+    scores = lightning_indexer(q_i, k_idx_cache, w_i, block_table, positions)
     indices = topk_indices(scores, topk, positions)
     return sparse_mla(q_latent, q_rope, kv_cache, block_table, indices[:, 0], sm_scale)
 
@@ -660,7 +677,11 @@ def indexer_flops(context: int, n_queries: int = 1, n_idx_heads: int = 64, d_idx
 
 
 def sparse_mla_bytes(
-    topk: int, n_queries: int = 1, n_heads: int = 128, r: int = 512, d_rope: int = 64,
+    topk: int,
+    n_queries: int = 1,
+    n_heads: int = 128,
+    r: int = 512,
+    d_rope: int = 64,
     dtype_bytes: int = 2,
 ) -> int:
     """Bytes of sparse MLA attention: ``topk`` cache rows per query (an upper bound in prefill,
@@ -718,7 +739,13 @@ def dsa_decode_time_s(
         mla.mla_decode_flops(batch, context, n_heads, r, d_rope),
         peak,
     )
-    return {"indexer": idx, "topk": top, "sparse": sparse, "dsa": idx + top + sparse, "dense": dense}
+    return {
+        "indexer": idx,
+        "topk": top,
+        "sparse": sparse,
+        "dsa": idx + top + sparse,
+        "dense": dense,
+    }
 
 
 def crossover_context(
@@ -769,21 +796,21 @@ def dsa_case(
     q_lat, _, kv, table, lens = mla.decode_case(
         seq_lens, n_heads, r, d_rope, block_size=block_size, dtype=dtype, seed=seed, dev=dev
     )
-    g = torch.Generator().manual_seed(seed + 1)
     n = len(seq_lens)
-    q_lat = torch.randn(n, n_queries, n_heads, r, generator=g).to(dev, dtype)
-    q_rope = torch.randn(n, n_queries, n_heads, d_rope, generator=g).to(dev, dtype)
-    q_idx = torch.randn(n, n_queries, n_idx_heads, d_idx, generator=g)
-    k_idx = torch.randn(kv.shape[0], block_size, d_idx, generator=g)
-    w = torch.randn(n, n_queries, n_idx_heads, generator=g) / math.sqrt(n_idx_heads * d_idx)
+    q_lat = mla.randn(n, n_queries, n_heads, r, dtype=dtype, seed=seed + 11, dev=dev)
+    q_rope = mla.randn(n, n_queries, n_heads, d_rope, dtype=dtype, seed=seed + 12, dev=dev)
+    q_idx = mla.randn(n, n_queries, n_idx_heads, d_idx, dtype=idx_dtype, seed=seed + 13, dev=dev)
+    k_idx = mla.randn(kv.shape[0], block_size, d_idx, dtype=idx_dtype, seed=seed + 14, dev=dev)
+    w = mla.randn(n, n_queries, n_idx_heads, dtype=torch.float32, seed=seed + 15, dev=dev)
+    w /= math.sqrt(n_idx_heads * d_idx)
     pos = lens.cpu()[:, None] - n_queries + torch.arange(n_queries)[None, :]
     return dict(
         q_latent=q_lat,
         q_rope=q_rope,
         kv_cache=kv,
-        q_idx=q_idx.to(dev).to(idx_dtype),
-        k_idx_cache=k_idx.to(dev).to(idx_dtype),
-        w=w.to(dev),
+        q_idx=q_idx,
+        k_idx_cache=k_idx,
+        w=w,
         block_table=table,
         seq_lens=lens,
         positions=pos.clamp_min(-1).to(torch.int32).to(dev),
@@ -888,7 +915,9 @@ COMPILE_SPECS = [
 def _time_roof(nbytes, flops, copy_gbps, peak_tflops, peak_name):
     """(name, GB/s) ceiling for a record measured in GB/s: bytes over the roofline time."""
     t_mem, t_cmp = nbytes / (copy_gbps * 1e9), flops / (peak_tflops * 1e12)
-    return ("roof:copy" if t_mem >= t_cmp else f"roof:{peak_name}"), nbytes / max(t_mem, t_cmp) / 1e9
+    return ("roof:copy" if t_mem >= t_cmp else f"roof:{peak_name}"), nbytes / max(
+        t_mem, t_cmp
+    ) / 1e9
 
 
 def _decode_records(batch, context, topk, shapes, dtype, copy, peak, idx_peak) -> list[dict]:
@@ -918,7 +947,9 @@ def _decode_records(batch, context, topk, shapes, dtype, copy, peak, idx_peak) -
     )
     scores = lightning_indexer(c["q_idx"], kidx, c["w"], table, pos)
     indices = topk_indices(scores, topk, pos)
-    m_idx = bench.measure(lambda: lightning_indexer(c["q_idx"], kidx, c["w"], table, pos), bytes=i_b)
+    m_idx = bench.measure(
+        lambda: lightning_indexer(c["q_idx"], kidx, c["w"], table, pos), bytes=i_b
+    )
     m_top = bench.measure(lambda: topk_indices(scores, topk, pos), bytes=t_b)
     m_sp = bench.measure(lambda: sparse_mla(q_lat, q_rope, kv, table, indices[:, 0]), bytes=s_b)
     t = dsa_decode_time_s(context, batch, copy, peak, idx_peak, topk=topk, key_bytes=kb,
@@ -936,37 +967,40 @@ def _decode_records(batch, context, topk, shapes, dtype, copy, peak, idx_peak) -
     ]  # fmt: skip
 
 
+def _dense_causal_prefill(chunk, context, h, d_qk, d_v, dtype, flops):
+    """Time SDPA over a chunk of ``chunk`` queries at the end of ``context`` keys, causal
+    (bottom-right aligned), with per-head keys and values already expanded (their tensors are
+    freed on return)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    g = torch.Generator(device=device.DEVICE).manual_seed(2)
+    q = torch.randn(1, h, chunk, d_qk, device=device.DEVICE, dtype=dtype, generator=g)
+    k = torch.randn(1, h, context, d_qk, device=device.DEVICE, dtype=dtype, generator=g)
+    v = torch.randn(1, h, context, d_v, device=device.DEVICE, dtype=dtype, generator=g)
+    bias = causal_lower_right(chunk, context)
+    return bench.measure(
+        lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+        flops=flops,
+    )
+
+
 def _prefill_records(chunk, context, topk, shapes, dtype, copy, peak) -> list[dict]:
     """A chunk of ``chunk`` queries at the end of a ``context``-token sequence: DSA against dense
     causal attention in the non-absorbed form (SDPA over per-head keys of d_nope + d_rope = 192
     and values of 128, expanded beforehand: not timed, in the baseline's favour)."""
-    from torch.nn.attention.bias import causal_lower_right
-
     h, r, dr, hi, di = shapes
+    shape = [1, chunk, context, topk, h, r, dr, hi, di]
+    d_nope, d_v = min(128, r), min(128, r)
+    # Causal pairs: query t (position context - chunk + t) sees context - chunk + t + 1 keys.
+    pairs = chunk * (context - chunk) + chunk * (chunk + 1) // 2
+    dense_f = 2 * h * pairs * (d_nope + dr + d_v)
+    dense = _dense_causal_prefill(chunk, context, h, d_nope + dr, d_v, dtype, dense_f)
     c = dsa_case([context], h, r, dr, hi, di, n_queries=chunk, dtype=dtype,
                  idx_dtype=indexer_dtype())  # fmt: skip
     c["block_table"] = c["block_table"][:, : context // 64].contiguous()
-    shape = [1, chunk, context, topk, h, r, dr, hi, di]
-    d_nope, d_v = min(128, r), min(128, r)
-    g = torch.Generator(device=device.DEVICE).manual_seed(2)
-    q = torch.randn(1, h, chunk, d_nope + dr, device=device.DEVICE, dtype=dtype, generator=g)
-    k = torch.randn(1, h, context, d_nope + dr, device=device.DEVICE, dtype=dtype, generator=g)
-    v = torch.randn(1, h, context, d_v, device=device.DEVICE, dtype=dtype, generator=g)
-    bias = causal_lower_right(chunk, context)
-    # Dense causal FLOPs: query t (position context - chunk + t) sees context - chunk + t + 1 keys.
-    pairs = chunk * (context - chunk) + chunk * (chunk + 1) // 2
-    dense_f = 2 * h * pairs * (d_nope + dr + d_v)
-    dense = bench.measure(
-        lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias),
-        flops=dense_f,
-    )
-    del q, k, v
     keys = ("q_latent", "q_rope", "kv_cache", "q_idx", "k_idx_cache", "w", "block_table")
     args = [c[n] for n in keys] + [c["positions"]]
-    f = (
-        indexer_flops(context, chunk, hi, di) // 2  # causal: about half the (query, key) pairs
-        + sparse_mla_flops(topk, chunk, h, r, dr)
-    )
+    f = 2 * pairs * hi * di + sparse_mla_flops(topk, chunk, h, r, dr)  # indexer + attention
     full = bench.measure(lambda: dsa_prefill(*args, topk), flops=f)
     return [
         bench.record("dsa", "prefill-dsa", shape, dtype, full,
@@ -985,8 +1019,8 @@ def _bench_dsa(quick: bool) -> list[dict]:
     peak = roofline.matmul_peak("bfloat16").value
     if not device.GPU_MODE:  # the interpreter: tiny shapes through every code path
         shapes = (16, 32, 16, 4, 16)
-        recs = _decode_records(2, 256, 64, shapes, torch.float32, copy, peak, peak)
-        return recs + _prefill_records(16, 128, 32, shapes, torch.float32, copy, peak)
+        recs = _decode_records(2, 128, 32, shapes, torch.float32, copy, peak, peak)
+        return recs + _prefill_records(8, 64, 16, shapes, torch.float32, copy, peak)
     idx_peak = roofline.fp8_matmul_peak().value if device.capabilities().fp8 else peak
     shapes = (128, 512, 64, 64, 128)
     recs = []

@@ -729,7 +729,9 @@ def mha_cache_bytes_per_token(
     return n_heads * (d_k + d_v) * dtype_bytes
 
 
-def gqa_cache_bytes_per_token(n_kv_heads: int = 8, head_dim: int = 128, dtype_bytes: int = 2) -> int:
+def gqa_cache_bytes_per_token(
+    n_kv_heads: int = 8, head_dim: int = 128, dtype_bytes: int = 2
+) -> int:
     """Bytes per token and layer of a grouped-query cache (e.g. Llama-3 70B: 8 kv heads of 128)."""
     return 2 * n_kv_heads * head_dim * dtype_bytes
 
@@ -775,7 +777,9 @@ def mla_decode_roof_s(
 ) -> tuple[float, str]:
     """The roofline time of one decode step, max(bytes / bandwidth, FLOPs / peak), and which roof
     binds ('memory' or 'compute')."""
-    t_mem = mla_decode_bytes(batch, context, n_heads, r, d_rope, dtype_bytes) / (bandwidth_gbps * 1e9)
+    t_mem = mla_decode_bytes(batch, context, n_heads, r, d_rope, dtype_bytes) / (
+        bandwidth_gbps * 1e9
+    )
     t_cmp = mla_decode_flops(batch, context, n_heads, r, d_rope) / (tflops * 1e12)
     return (t_mem, "memory") if t_mem >= t_cmp else (t_cmp, "compute")
 
@@ -798,24 +802,30 @@ def decode_case(
     """Random ``(q_latent, q_rope, kv_cache, block_table, seq_lens)`` with each sequence's blocks
     scattered over a pool (block 0 unused, a few spare blocks). Every table row has one column
     more than its longest sequence needs, pointing at a real block."""
-    dev = dev or device.DEVICE
+    dev = torch.device(dev or device.DEVICE)
     g = torch.Generator().manual_seed(seed)
     n = len(seq_lens)
     per_seq = max(1, -(-max(seq_lens, default=0) // block_size)) + 1
     num_blocks = 1 + n * per_seq + spare_blocks
     perm = torch.randperm(num_blocks - 1, generator=g)[: n * per_seq] + 1
     table = perm.view(n, per_seq).to(torch.int32)
-    kv = torch.randn(num_blocks, block_size, r + d_rope, generator=g)
-    q_lat = torch.randn(n, n_heads, r, generator=g)
-    q_rope = torch.randn(n, n_heads, d_rope, generator=g)
     lens = torch.tensor(list(seq_lens), dtype=torch.int32)
     return (
-        q_lat.to(dev, dtype),
-        q_rope.to(dev, dtype),
-        kv.to(dev, dtype),
+        randn(n, n_heads, r, dtype=dtype, seed=seed + 1, dev=dev),
+        randn(n, n_heads, d_rope, dtype=dtype, seed=seed + 2, dev=dev),
+        randn(num_blocks, block_size, r + d_rope, dtype=dtype, seed=seed + 3, dev=dev),
         table.to(dev),
         lens.to(dev),
     )
+
+
+def randn(*shape, dtype: torch.dtype, seed: int, dev) -> torch.Tensor:
+    """Standard normal values made on ``dev`` (gigabytes of cache at benchmark sizes: drawing
+    them on the host would take longer than the benchmark), rounded to ``dtype``."""
+    dev = torch.device(dev)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    draw = dtype if dtype in (torch.float16, torch.bfloat16, torch.float64) else torch.float32
+    return torch.randn(*shape, generator=g, device=dev, dtype=draw).to(dtype)
 
 
 # ----------------------------------------------------------------------------- compile check
@@ -864,7 +874,12 @@ def _decode_spec(t: str, splits: int, min_cc: int, block_h: int = 32, warps: int
 def _combine_spec(t: str, min_cc: int) -> dict:
     return dict(
         kernel=_mla_combine_kernel,
-        signature={"o_part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{t}", "num_splits": "i32"},
+        signature={
+            "o_part_ptr": "*fp32",
+            "lse_ptr": "*fp32",
+            "out_ptr": f"*{t}",
+            "num_splits": "i32",
+        },
         constexprs={"R": 512, "SPLITS_PAD": 64, "BLOCK_R": 64},
         min_cc=min_cc,
     )
@@ -914,12 +929,12 @@ def _mla_records(batch, context, n_heads, r, d_rope, dtype, copy_gbps, peak, nai
         bench.record("mla_decode", "eager-absorbed", shape, dtype, eager, ceiling=ceiling),
     ]  # fmt: skip
     if naive:
-        g = torch.Generator().manual_seed(1)
+        dev = q_lat.device
         w = AbsorbedMLA(
-            torch.randn(n_heads, 128, r, generator=g).to(q_lat.device, dtype) / math.sqrt(r),
-            torch.randn(n_heads, r, 128, generator=g).to(q_lat.device, dtype) / math.sqrt(r),
+            randn(n_heads, 128, r, dtype=dtype, seed=1, dev=dev) / math.sqrt(r),
+            randn(n_heads, r, 128, dtype=dtype, seed=2, dev=dev) / math.sqrt(r),
         )
-        q_nope = torch.randn(batch, n_heads, 128, device=q_lat.device, dtype=dtype)
+        q_nope = randn(batch, n_heads, 128, dtype=dtype, seed=3, dev=dev)
         m = run(lambda: mla_decode_naive(q_nope, q_rope, kv, table, lens, w))
         recs.append(bench.record("mla_decode", "naive-sdpa", shape, dtype, m, ceiling=ceiling))
     return recs

@@ -3,8 +3,7 @@ import math
 import pytest
 import torch
 
-from kernels import device
-from kernels import mla
+from kernels import device, mla
 
 # Triton's interpreter computes bf16 wrongly (a known limitation): bf16 is checked on GPUs only.
 DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if device.GPU_MODE else [])
