@@ -9,6 +9,15 @@ TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}
 _I32 = torch.int32
 
 
+def _config(dtype, autotune=False):
+    """On a GPU one fixed tile per dtype (autotuning every case would compile six variants of
+    each: minutes, testing nothing more), except where ``autotune``; the interpreter's single
+    config otherwise."""
+    if not device.GPU_MODE or autotune:
+        return None
+    return (16, 16, 4, 1) if dtype == torch.float32 else (32, 32, 8, 2)
+
+
 def _rel_err(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
@@ -135,7 +144,7 @@ def test_sparse_mla_matches_reference(seq_lens, n_queries, n_heads, r, d_rope, p
     if n_queries == 1:  # the decode layout: [B, H, ·] and indices [B, k]
         args = (args[0][:, 0], args[1][:, 0], *args[2:])
         idx = idx[:, 0]
-    got = dsa.sparse_mla(*args, idx, num_splits=splits)
+    got = dsa.sparse_mla(*args, idx, num_splits=splits, config=_config(dtype, k == 24))
     ref = dsa.sparse_mla_ref(*args, idx)
     assert got.shape == args[0].shape and got.dtype == dtype
     assert _rel_err(got, ref) < TOL[dtype]

@@ -12,6 +12,15 @@ DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if device.GPU_MODE e
 TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}
 
 
+def _config(dtype, autotune=False):
+    """On a GPU one fixed tile per dtype (autotuning every case would compile six variants of
+    each: minutes, testing nothing more), except where ``autotune``; the interpreter's single
+    config otherwise."""
+    if not device.GPU_MODE or autotune:
+        return None
+    return (16, 16, 4, 1) if dtype == torch.float32 else (32, 32, 8, 2)
+
+
 def _rel_err(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
@@ -32,7 +41,8 @@ def test_matches_fp32_reference(seq_lens, n_heads, r, d_rope, page, splits, dtyp
     q, qr, kv, table, lens = mla.decode_case(
         seq_lens, n_heads, r, d_rope, block_size=page, dtype=dtype, seed=sum(seq_lens)
     )
-    out = mla.mla_decode(q, qr, kv, table, lens, num_splits=splits)
+    config = _config(dtype, autotune=seq_lens == [1, 17, 100])
+    out = mla.mla_decode(q, qr, kv, table, lens, num_splits=splits, config=config)
     assert out.shape == q.shape and out.dtype == dtype
     ref = mla.mla_decode_ref(q, qr, kv, table, lens)
     if max(seq_lens):
@@ -48,16 +58,16 @@ def test_batch_of_33_ragged(splits):
     lens = torch.randint(0, 25, (33,), generator=g).tolist()
     lens[5] = 0
     q, qr, kv, table, sl = mla.decode_case(lens, 3, 16, 16, block_size=4, dtype=torch.float32)
-    out = mla.mla_decode(q, qr, kv, table, sl, num_splits=splits)
+    out = mla.mla_decode(q, qr, kv, table, sl, num_splits=splits, config=_config(torch.float32))
     torch.testing.assert_close(out, mla.mla_decode_ref(q, qr, kv, table, sl), rtol=1e-5, atol=1e-5)
 
 
 def test_splits_do_not_change_the_result():
     q, qr, kv, table, lens = mla.decode_case([150, 41], 3, 32, 16, block_size=16,
                                              dtype=torch.float32, seed=1)  # fmt: skip
-    one = mla.mla_decode(q, qr, kv, table, lens, num_splits=1)
+    one = mla.mla_decode(q, qr, kv, table, lens, num_splits=1, config=_config(q.dtype))
     for splits in (2, 7):
-        got = mla.mla_decode(q, qr, kv, table, lens, num_splits=splits)
+        got = mla.mla_decode(q, qr, kv, table, lens, num_splits=splits, config=_config(q.dtype))
         torch.testing.assert_close(got, one, rtol=1e-5, atol=1e-6)
 
 
@@ -225,3 +235,15 @@ def test_benchmark_runs_in_quick_mode():
     assert {r["variant"] for r in recs} == {"triton", "eager-absorbed", "naive-sdpa"}
     ours = next(r for r in recs if r["variant"] == "triton")
     assert ours["baseline"] == "eager-absorbed" and ours["ceiling"].startswith("roof:")
+
+
+@pytest.mark.skipif(not device.GPU_MODE, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("splits", [None, 1])
+def test_cuda_graph_capture(splits):
+    from conftest import eager_and_graphed
+
+    q, qr, kv, table, lens = mla.decode_case([37, 1, 200], 16, 64, 16, dtype=torch.bfloat16)
+    eager, graphed = eager_and_graphed(
+        lambda: mla.mla_decode(q, qr, kv, table, lens, num_splits=splits)
+    )
+    assert torch.equal(eager, graphed)
