@@ -502,9 +502,9 @@ def mla_decode(
     Returns the latent output ``o_lat: [B, H, r]`` in q's dtype (``AbsorbedMLA.output`` maps it to
     per-head values).
     """
-    if q_latent is not None and isinstance(q_latent, torch.Tensor) and q_latent.ndim != 3:
+    if isinstance(q_latent, torch.Tensor) and q_latent.ndim != 3:
         raise ValueError(f"q_latent must be 3-D [B, H, r], got shape {tuple(q_latent.shape)}")
-    n_seqs = q_latent.shape[0] if isinstance(q_latent, torch.Tensor) else 0
+    n_seqs = q_latent.shape[0] if isinstance(q_latent, torch.Tensor) else 0  # else: TypeError
     r, d_rope, page = check_latent_inputs(q_latent, q_rope, kv_cache, block_table, n_seqs)
     _validate.tensor("seq_lens", seq_lens, dtypes=(torch.int32,), ndim=1)
     if seq_lens.shape[0] != n_seqs or seq_lens.device != q_latent.device:

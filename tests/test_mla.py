@@ -32,7 +32,7 @@ def _rel_err(out, ref):
         ([1, 17, 100], 3, 32, 16, 16, None),  # odd head count, lengths off every tile
         ([130, 0, 33], 16, 64, 16, 8, 3),  # an empty sequence, several splits
         ([40], 1, 48, 8, 16, 7),  # one head, r not a power of two, more splits than tiles
-        ([77, 3], 16, 16, 8, 1, 2),  # one-token blocks
+        ([77, 3], 33, 16, 8, 1, 2),  # one-token blocks; 33 heads: several head blocks
         ([0, 0], 3, 16, 16, 4, 1),  # nothing to attend to: zeros through the direct path
         ([70, 5], 3, 512, 64, 64, 2),  # DeepSeek-V3's widths
     ],
