@@ -158,7 +158,9 @@ def _indexer_kernel(
         h = offs_m % H_PAD
         m_ok = (t < n_queries) & (h < N_HEADS)
         q_off = seq.to(tl.int64) * stride_qb + t.to(tl.int64) * stride_qt + h * stride_qh
-        q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :])
+        q = tl.load(
+            q_ptr + q_off[:, None] + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0
+        )
         if FP32_EXACT:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -248,10 +250,12 @@ def _sparse_mla_kernel(
     q_lat = tl.load(
         q_lat_ptr + q_row * stride_qrow + heads[:, None] * stride_qh + offs_r[None, :],
         mask=head_ok[:, None] & (offs_r < R)[None, :],
+        other=0.0,
     )
     q_rope = tl.load(
         q_rope_ptr + q_row * stride_prow + heads[:, None] * stride_ph + offs_p[None, :],
         mask=head_ok[:, None] & (offs_p < ROPE)[None, :],
+        other=0.0,
     )
     qk_scale = sm_scale * 1.4426950408889634  # log2(e), launch.LOG2E
 

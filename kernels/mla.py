@@ -251,12 +251,18 @@ def _mla_decode_kernel(
     offs_r = tl.arange(0, R_PAD)
     offs_p = tl.arange(0, ROPE_PAD)
     q_base = seq.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
+    # Masked lanes must load 0 (not whatever tl.load leaves there): the padding columns of q
+    # meet the padding columns of k in the dot.
     q_lat = tl.load(
-        q_lat_ptr + q_base + offs_r[None, :], mask=head_ok[:, None] & (offs_r < R)[None, :]
+        q_lat_ptr + q_base + offs_r[None, :],
+        mask=head_ok[:, None] & (offs_r < R)[None, :],
+        other=0.0,
     )
     p_base = seq.to(tl.int64) * stride_pb + heads[:, None] * stride_ph
     q_rope = tl.load(
-        q_rope_ptr + p_base + offs_p[None, :], mask=head_ok[:, None] & (offs_p < ROPE)[None, :]
+        q_rope_ptr + p_base + offs_p[None, :],
+        mask=head_ok[:, None] & (offs_p < ROPE)[None, :],
+        other=0.0,
     )
     qk_scale = sm_scale * 1.4426950408889634  # log2(e), launch.LOG2E
 
