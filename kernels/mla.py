@@ -738,7 +738,7 @@ def mha_cache_bytes_per_token(
 def gqa_cache_bytes_per_token(
     n_kv_heads: int = 8, head_dim: int = 128, dtype_bytes: int = 2
 ) -> int:
-    """Bytes per token and layer of a grouped-query cache (e.g. Llama-3 70B: 8 kv heads of 128)."""
+    """Bytes per token and layer of a grouped-query cache (``n_kv_heads`` keys and values)."""
     return 2 * n_kv_heads * head_dim * dtype_bytes
 
 
