@@ -199,6 +199,8 @@ BENCH_MODULES = [
     "kernels.quant",
     "kernels.collectives",
     "kernels.paged_attention",
+    "kernels.mla",
+    "kernels.dsa",
     "kernels.decoder",
     "kernels.shapes",
 ]

@@ -109,6 +109,27 @@ def paged_decode():
         close(pa.paged_decode(q, kc, vc, table, lens, num_splits=splits, config=(32, 4, 2)), ref)
 
 
+def mla_dsa():
+    from kernels import dsa, mla
+
+    q, qr, kv, table, lens = mla.decode_case([1, 0, 97], 5, 48, 16, block_size=16, dtype=BF16)
+    ref = mla.mla_decode_ref(q, qr, kv, table, lens)
+    for splits in (1, 3):
+        close(mla.mla_decode(q, qr, kv, table, lens, num_splits=splits), ref)
+    c = dsa.dsa_case([70, 0, 9], 5, 48, 16, 3, 32, n_queries=3, block_size=8, dtype=BF16,
+                     idx_dtype=dsa.indexer_dtype())  # fmt: skip
+    idx_args = (c["q_idx"], c["k_idx_cache"], c["w"], c["block_table"], c["positions"])
+    scores = dsa.lightning_indexer(*idx_args)
+    ref = dsa.lightning_indexer_ref(*idx_args)
+    fin = torch.isfinite(ref)
+    close(scores[fin], ref[fin], 5e-2)
+    ind = dsa.topk_indices(scores, 16, c["positions"])
+    args = (c["q_latent"], c["q_rope"], c["kv_cache"], c["block_table"], ind)
+    ref = dsa.sparse_mla_ref(*args)
+    for splits in (1, 2):
+        close(dsa.sparse_mla(*args, num_splits=splits), ref)
+
+
 def quant_gemv():
     from kernels import quant
 
@@ -175,7 +196,7 @@ def trees():
     close(pred, tr.predict_ref(ens, X), 1e-4)
 
 
-STEPS = [vector_add, softmax_fwd_bwd, norms_fwd_bwd, matmul, attention_fwd_bwd, paged_decode,
+STEPS = [vector_add, softmax_fwd_bwd, norms_fwd_bwd, matmul, attention_fwd_bwd, paged_decode, mla_dsa,
          quant_gemv, quant_fp8, sgemm_ladder, megakernel, trees]  # fmt: skip
 
 
