@@ -1,0 +1,104 @@
+"""Sequence parallelism (kernels.sequence_parallel): the TP and TP+SP MLP blocks against the
+unsharded block, forward and every gradient, over gloo with 2 and 3 CPU processes (one launch per
+world size); the activations each keeps, measured with saved-tensor hooks against the count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from kernels import activation_memory as AM
+from kernels import collectives as C
+from kernels import distributed as D
+from kernels import sequence_parallel as SP
+
+
+def _weights(s, b, h, d_ff, seed=3):
+    gen = torch.Generator().manual_seed(seed)  # every rank builds the same full tensors
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    ln_w, ln_b = 1 + 0.1 * r(h), 0.1 * r(h)
+    w1, b1, w2, b2 = r(h, d_ff) / h**0.5, r(d_ff), r(d_ff, h) / d_ff**0.5, r(h)
+    return r(s, b, h), r(s, b, h), (ln_w, ln_b, w1, b1, w2, b2)
+
+
+def _block_case(s, b, h, d_ff) -> None:
+    rank, t = dist.get_rank(), dist.get_world_size()
+    x, dy, full = _weights(s, b, h, d_ff)
+    ref_leaves = [p.clone().requires_grad_() for p in (x, *full)]
+    ref = SP.block_ref(*ref_leaves)
+    ref.backward(dy)
+    x_ref_grad = ref_leaves[0].grad
+    ln_w_g, ln_b_g, w1_g, b1_g, w2_g, b2_g = (p.grad for p in ref_leaves[1:])
+    lo, hi = C.chunk_bounds(d_ff, t)[rank]
+    n = s // t
+    mine = slice(rank * n, (rank + 1) * n)
+
+    for sp in (False, True):
+        ln = [p.clone().requires_grad_() for p in full[:2]]
+        shards = [p.clone().requires_grad_() for p in D.shard_mlp(*full[2:], rank, t)]
+        xs = (x[mine] if sp else x).clone().requires_grad_()
+        fn = SP.sp_block if sp else SP.tp_block
+        counter = AM.SavedTensorCounter(exclude=[*ln, *shards])
+        with counter:
+            out = fn(xs, *ln, *shards)
+        out.backward(dy[mine] if sp else dy)
+        if sp:
+            SP.reduce_replicated_grads([ln[0], ln[1], shards[3]])
+        case = (s, b, h, d_ff, t, "sp" if sp else "tp")
+        torch.testing.assert_close(out, ref.detach()[mine] if sp else ref.detach(), msg=str(case))
+        torch.testing.assert_close(xs.grad, x_ref_grad[mine] if sp else x_ref_grad)
+        torch.testing.assert_close(ln[0].grad, ln_w_g)
+        torch.testing.assert_close(ln[1].grad, ln_b_g)
+        torch.testing.assert_close(shards[0].grad, w1_g[:, lo:hi])
+        torch.testing.assert_close(shards[1].grad, b1_g[lo:hi])
+        torch.testing.assert_close(shards[2].grad, w2_g[lo:hi])
+        torch.testing.assert_close(shards[3].grad, b2_g)
+        if d_ff == 4 * h and d_ff % t == 0:  # the count assumes Megatron's 4h MLP, evenly split
+            elements = SP.activation_elements(s, b, h, t, sp)
+            assert counter.total == elements * 8, (case, counter.total, elements * 8)
+
+
+def _dropout_case() -> None:
+    rank, t = dist.get_rank(), dist.get_world_size()
+    x, _, full = _weights(4 * t, 2, 16, 64)
+    mine = x[rank * 4 : (rank + 1) * 4]
+    shards = D.shard_mlp(*full[2:], rank, t)
+    torch.manual_seed(rank)
+    out = SP.sp_block(mine, *full[:2], *shards, p_drop=0.5)
+    kept_residual_only = (out == mine).double().mean().item()  # dropped elements add nothing
+    assert 0.3 < kept_residual_only < 0.7, kept_residual_only
+
+
+def _worker() -> None:
+    torch.set_num_threads(1)
+    t = dist.get_world_size()
+    for s, b, h, d_ff in [(2 * t, 1, 8, 32), (3 * t, 2, 12, 37), (t, 3, 5, 20)]:
+        _block_case(s, b, h, d_ff)
+    _dropout_case()
+    with pytest.raises(ValueError, match="must divide by the group size"):
+        SP.shard_sequence(torch.ones(t + 1, 4))
+    assert SP.shard_sequence(torch.arange(2 * t))[0] == 2 * dist.get_rank()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_tp_and_sp_blocks_match_one_process(world):
+    D.spawn(_worker, world)
+
+
+def test_activation_count_and_bad_input():
+    # SP divides everything by t; TP alone only the MLP's inside.
+    s, b, h, t = 8, 2, 16, 4
+    assert SP.activation_elements(s, b, h, t, True) * t == SP.activation_elements(s, b, h, 1, False)
+    tp = SP.activation_elements(s, b, h, t, False)
+    assert tp == s * b * (2 * h + 2) + 8 * s * b * h / t
+    w = torch.ones(4)
+    with pytest.raises(ValueError, match="x must be \\[s, ..., h\\]"):
+        SP.block_ref(torch.ones(3, 5), w, w, None, None, None, None)
+    with pytest.raises(ValueError, match="p_drop must be in"):
+        SP.block_ref(torch.ones(3, 4), w, w, None, None, None, None, p_drop=1.0)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        SP.tp_block([1.0], w, w, None, None, None, None)
