@@ -102,3 +102,16 @@ def test_activation_count_and_bad_input():
         SP.block_ref(torch.ones(3, 4), w, w, None, None, None, None, p_drop=1.0)
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         SP.tp_block([1.0], w, w, None, None, None, None)
+
+
+def test_torchrun_worker_measures_tp_and_sp():
+    # The notebook's path: the worker checks, times and measures at a tiny width on gloo.
+    r = D.torchrun(
+        "sp_mlp.py", 2, ["--widths", 32, "--reps", 2], backend="gloo", timeout=180, verbose=False
+    )
+    assert r["checks"] == 4 and len(r["rows"]) == 1
+    row = r["rows"][0]
+    assert row["tp_ms"] > 0 and row["sp_ms"] > 0
+    for name in ("tp", "sp"):  # measured saved bytes equal the count, per rank
+        assert row[f"{name}_saved_bytes"] == row[f"{name}_count_bytes"]
+    assert row["sp_saved_bytes"] < row["tp_saved_bytes"]
