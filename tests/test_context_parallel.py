@@ -214,3 +214,16 @@ def test_bad_input():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):
         CP.ring_attention(x, x, x)
+
+
+def test_torchrun_worker_checks_and_times():
+    # The notebook's path on gloo: the check against one process, then the timing table's rows.
+    r = D.torchrun(
+        "ring_attention.py", 2, ["--seqs", 16, "--reps", 2], backend="gloo", timeout=180,
+        verbose=False,
+    )  # fmt: skip
+    assert r["impl"] == "torch" and r["world"] == 2
+    assert max(r["check"]["ring_err"].values()) < 1e-5
+    (row,) = r["rows"]
+    assert row["n"] == 16 and all(row[k] > 0 for k in ("ring_ms", "compute_ms", "comm_ms"))
+    assert row["kv_bytes_per_step"] == 2 * 2 * 8 * 16 * 4  # k and v: 2 heads, 8 rows, d 16, fp32
