@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -135,9 +135,11 @@ def forward_train(
     tokens: torch.Tensor,
     recompute: str = "none",
     counter: SavedTensorCounter | None = None,
+    on_mark: Callable[[str], None] | None = None,
 ) -> torch.Tensor:
     """Logits ``[B, T, vocab]`` with autograd on, through the decoder's own ``_layer``;
-    ``counter.label`` is set to ``"embed"``, ``0 … L-1`` and ``"head"`` as the pass goes."""
+    ``counter.label`` is set to ``"embed"``, ``"0"`` … ``"L-1"`` and ``"head"`` as the pass goes,
+    and ``on_mark(label)`` is called at each (a GPU probe reads the allocator there)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.dtype != torch.long:
@@ -153,6 +155,8 @@ def forward_train(
     def mark(label):
         if counter is not None:
             counter.label = label
+        if on_mark is not None:
+            on_mark(label)
 
     mark("embed")
     x = model.embed[tokens]
