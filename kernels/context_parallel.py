@@ -168,6 +168,22 @@ def _attn_bwd(impl: str, q, k, v, o, lse, do, causal: bool, scale: float):
 # ----------------------------------------------------------------------------- the ring
 
 
+def _rows(*tensors):
+    """``rows(sl)``: contiguous copies of ``t[:, :, sl]`` for each tensor, made once per slice (the
+    query-side slices are the same at every step; the kernels need contiguous operands)."""
+    cache: dict[tuple, list] = {}
+
+    def rows(sl: slice) -> list[torch.Tensor]:
+        key = (sl.start, sl.stop)
+        if key not in cache:
+            cache[key] = [
+                t if sl == slice(0, t.shape[2]) else t[:, :, sl].contiguous() for t in tensors
+            ]
+        return cache[key]
+
+    return rows
+
+
 class _Ring:
     """Neighbours in a process group and the one exchange the ring needs: send to the right,
     receive from the left, as one ``batch_isend_irecv`` whose two operations every rank mirrors
@@ -205,6 +221,7 @@ def ring_forward(q, k, v, causal, scale, group, impl, layout, *, parts: str = "a
     o = torch.zeros(B, H, n_loc, D, device=q.device, dtype=torch.float32)
     lse = torch.full((B, H, n_loc), float("-inf"), device=q.device, dtype=torch.float32)
     kv = torch.stack((k, v))  # one buffer: one transfer per step
+    q_rows = _rows(q)
     for step in range(ring.n):
         src = (ring.rank - step) % ring.n
         pending = None
@@ -212,7 +229,7 @@ def ring_forward(q, k, v, causal, scale, group, impl, layout, *, parts: str = "a
             pending = ring.start(kv)  # issued before this step's attention: it overlaps
         if parts != "comm":
             for qs, ks, c in _pieces(ring.rank, src, n_loc, causal, layout):
-                qq = q[:, :, qs].contiguous()
+                (qq,) = q_rows(qs)
                 kk, vv = kv[0, :, :, ks].contiguous(), kv[1, :, :, ks].contiguous()
                 o_p, lse_p = _attn_fwd(impl, qq, kk, vv, c, scale)
                 o[:, :, qs], lse[:, :, qs] = merge(o[:, :, qs], lse[:, :, qs], o_p, lse_p)
@@ -231,6 +248,7 @@ def ring_backward(q, k, v, o, lse, do, causal, scale, group, impl, layout, *, pa
     n_loc = q.shape[2]
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     kv = torch.stack((k, v))
+    q_rows = _rows(q, o, do, lse.unsqueeze(-1))
     dkv = None  # the accumulator of the block this rank holds, once it has arrived
     dkv_pending = None
     for step in range(ring.n):
@@ -241,9 +259,9 @@ def ring_backward(q, k, v, o, lse, do, causal, scale, group, impl, layout, *, pa
         local = torch.zeros(kv.shape, device=q.device, dtype=torch.float32)
         if parts != "comm":
             for qs, ks, c in _pieces(ring.rank, src, n_loc, causal, layout):
-                qq, oo, dd = (t[:, :, qs].contiguous() for t in (q, o, do))
+                qq, oo, dd, ll = q_rows(qs)
+                ll = ll.squeeze(-1)
                 kk, vv = kv[0, :, :, ks].contiguous(), kv[1, :, :, ks].contiguous()
-                ll = lse[:, :, qs].contiguous()
                 dq_p, dk_p, dv_p = _attn_bwd(impl, qq, kk, vv, oo, ll, dd, c, scale)
                 dq[:, :, qs] += dq_p
                 local[0, :, :, ks] += dk_p
