@@ -18,7 +18,9 @@ is a reduce-scatter followed by an all-gather, so the bytes moved are the same a
 changes is that LayerNorm, dropout and the residual (their compute, and the ``10 sbh`` of
 activations they keep for backward in Korthikanti et al.'s count {cite}`korthikanti2022activation`)
 are divided by ``t``. In the backward pass the two collectives swap: the all-gather's gradient is a
-reduce-scatter and the reduce-scatter's an all-gather.
+reduce-scatter and the reduce-scatter's an all-gather. One all-gather is added there: the
+column-parallel matmul keeps only its ``s/t`` input tokens and gathers them again to form its
+weight gradient (Megatron-LM overlaps it with the input-gradient matmul; here it runs before).
 
 Parameters that every rank holds whole but applies to its own tokens only (the LayerNorm weight and
 bias, ``b2``) receive a *partial* gradient on each rank under SP: ``reduce_replicated_grads``
