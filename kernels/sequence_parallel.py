@@ -26,7 +26,10 @@ Parameters that every rank holds whole but applies to its own tokens only (the L
 bias, ``b2``) receive a *partial* gradient on each rank under SP: ``reduce_replicated_grads``
 all-reduces them over the tensor-parallel group, as Megatron-LM does after the backward pass.
 
-``block_ref`` is the single-device block both must equal.
+``block_ref`` is the single-device block both must equal. The attention block gets the same
+treatment (``tp_attention_block``, ``sp_attention_block``, ``attention_block_ref``): heads split
+over the ranks (``shard_attention``: the QKV projection by columns, the output projection by rows),
+each rank's heads attending over the whole gathered sequence.
 """
 
 from __future__ import annotations
@@ -189,6 +192,82 @@ def reduce_replicated_grads(params: Iterable[torch.Tensor], group=None) -> None:
     for p in params:
         if p.grad is not None:
             dist.all_reduce(p.grad, group=group)
+
+
+# ----------------------------------------------------------------------------- the attention block
+
+
+def attention_ref(h: torch.Tensor, wqkv, bqkv, wo, bo, head_dim: int) -> torch.Tensor:
+    """Causal multi-head attention on ``h: [s, b, width]``: ``qkv = h @ wqkv + bqkv`` with
+    ``wqkv: [width, 3·H·head_dim]`` laid out ``[q | k | v]``, heads contiguous in each; output
+    ``o @ wo + bo`` with ``wo: [H·head_dim, width]``. Works on any number of heads, so a rank's
+    head shard runs it as is (without ``bo``: pass ``None``)."""
+    s, b, _ = h.shape
+    qkv = h @ wqkv + bqkv
+    q, k, v = (t.reshape(s, b, -1, head_dim).permute(1, 2, 0, 3) for t in qkv.chunk(3, dim=-1))
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, s, d]
+    o = o.permute(2, 0, 1, 3).reshape(s, b, -1) @ wo
+    return o if bo is None else o + bo
+
+
+def shard_attention(wqkv, bqkv, wo, bo, n_heads: int, rank: int, world: int):
+    """This rank's heads (``chunk_bounds(n_heads, world)[rank]``): their q, k and v columns of
+    ``wqkv`` and ``bqkv``, their rows of ``wo``; ``bo`` whole."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    if n_heads < world:
+        raise ValueError(f"n_heads ({n_heads}) must be at least the group size ({world})")
+    width3 = wqkv.shape[1]
+    if width3 % (3 * n_heads) or wo.shape[0] != width3 // 3:
+        raise ValueError(
+            f"wqkv {tuple(wqkv.shape)} and wo {tuple(wo.shape)} disagree with n_heads={n_heads}"
+        )
+    d = width3 // (3 * n_heads)
+    lo, hi = C.chunk_bounds(n_heads, world)[rank]
+    cols = torch.cat(
+        [torch.arange(p * n_heads * d + lo * d, p * n_heads * d + hi * d) for p in range(3)]
+    )
+    cols = cols.to(wqkv.device)
+    return wqkv[:, cols].contiguous(), bqkv[cols].contiguous(), wo[lo * d : hi * d].contiguous(), bo
+
+
+def attention_block_ref(x, ln_w, ln_b, wqkv, bqkv, wo, bo, head_dim: int, eps: float = 1e-5):
+    """The single-device block: ``x + attention(LayerNorm(x))``."""
+    _check(x, ln_w, 0.0)
+    return x + attention_ref(
+        F.layer_norm(x, (x.shape[-1],), ln_w, ln_b, eps), wqkv, bqkv, wo, bo, head_dim
+    )
+
+
+def tp_attention_block(
+    x, ln_w, ln_b, wqkv_shard, bqkv_shard, wo_shard, bo, head_dim: int, group=None, eps=1e-5
+):
+    """Tensor parallelism alone: each rank computes its heads on all of ``x``; one all-reduce
+    completes the output projection (and one the input's gradient)."""
+    _check(x, ln_w, 0.0)
+    h = D._CopyToTP.apply(F.layer_norm(x, (x.shape[-1],), ln_w, ln_b, eps), group)
+    o = attention_ref(h, wqkv_shard, bqkv_shard, wo_shard, None, head_dim)
+    return x + D._ReduceFromTP.apply(o, group) + bo
+
+
+def sp_attention_block(
+    x_shard, ln_w, ln_b, wqkv_shard, bqkv_shard, wo_shard, bo, head_dim: int, group=None, eps=1e-5
+):
+    """Tensor + sequence parallelism: norm on this rank's ``s/t`` tokens, all-gathered into the
+    QKV projection (each rank's heads attend over the whole sequence), the output projection's
+    partial sums reduce-scattered back to ``s/t`` tokens. Afterwards
+    ``reduce_replicated_grads([ln_w, ln_b, bo], group)``."""
+    _check(x_shard, ln_w, 0.0)
+    h = F.layer_norm(x_shard, (x_shard.shape[-1],), ln_w, ln_b, eps)
+    qkv = column_parallel_sp(h, wqkv_shard, bqkv_shard, group)  # [s, b, 3·heads_r·d]
+    s, b, _ = qkv.shape
+    q, k, v = (t.reshape(s, b, -1, head_dim).permute(1, 2, 0, 3) for t in qkv.chunk(3, dim=-1))
+    o = (
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        .permute(2, 0, 1, 3)
+        .reshape(s, b, -1)
+    )
+    return x_shard + reduce_scatter_seq(o @ wo_shard, group) + bo
 
 
 def activation_elements(s: int, b: int, h: int, t: int, sp: bool) -> float:

@@ -1,5 +1,5 @@
-"""Sequence parallelism (kernels.sequence_parallel): the TP and TP+SP MLP blocks against the
-unsharded block, forward and every gradient, over gloo with 2 and 3 CPU processes (one launch per
+"""Sequence parallelism (kernels.sequence_parallel): the TP and TP+SP MLP and attention blocks
+against the unsharded blocks, forward and every gradient, over gloo with 2 and 3 CPU processes (one launch per
 world size); the activations each keeps, measured with saved-tensor hooks against the count."""
 
 from __future__ import annotations
@@ -62,6 +62,41 @@ def _block_case(s, b, h, d_ff) -> None:
             assert counter.total == elements * 8, (case, counter.total, elements * 8)
 
 
+def _attention_case(s, b, n_heads, d) -> None:
+    rank, t = dist.get_rank(), dist.get_world_size()
+    width = n_heads * d + 1  # the model width need not be heads x head_dim
+    gen = torch.Generator().manual_seed(s + n_heads)
+
+    def r(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
+
+    x, dy = r(s, b, width), r(s, b, width)
+    full = (1 + r(width, scale=0.1), r(width, scale=0.1), r(width, 3 * n_heads * d, scale=width**-0.5),
+            r(3 * n_heads * d, scale=0.1), r(n_heads * d, width, scale=0.3), r(width, scale=0.1))  # fmt: skip
+    leaves = [p.clone().requires_grad_() for p in (x, *full)]
+    ref = SP.attention_block_ref(*leaves, head_dim=d)
+    ref.backward(dy)
+    n = s // t
+    mine = slice(rank * n, (rank + 1) * n)
+    wqkv_s, bqkv_s, wo_s, _ = SP.shard_attention(*full[2:], n_heads, rank, t)
+    lo, hi = C.chunk_bounds(n_heads, t)[rank]
+    cols = [c for p in range(3) for c in range(p * n_heads * d + lo * d, p * n_heads * d + hi * d)]
+    for sp in (False, True):
+        params = [p.clone().requires_grad_() for p in (*full[:2], wqkv_s, bqkv_s, wo_s, full[5])]
+        xs = (x[mine] if sp else x).clone().requires_grad_()
+        fn = SP.sp_attention_block if sp else SP.tp_attention_block
+        out = fn(xs, *params, head_dim=d)
+        out.backward(dy[mine] if sp else dy)
+        if sp:
+            SP.reduce_replicated_grads([params[0], params[1], params[5]])
+        torch.testing.assert_close(out, ref.detach()[mine] if sp else ref.detach())
+        torch.testing.assert_close(xs.grad, leaves[0].grad[mine] if sp else leaves[0].grad)
+        expect = [leaves[1].grad, leaves[2].grad, leaves[3].grad[:, cols], leaves[4].grad[cols],
+                  leaves[5].grad[lo * d : hi * d], leaves[6].grad]  # fmt: skip
+        for got, exp in zip(params, expect):
+            torch.testing.assert_close(got.grad, exp)
+
+
 def _dropout_case() -> None:
     rank, t = dist.get_rank(), dist.get_world_size()
     x, _, full = _weights(4 * t, 2, 16, 64)
@@ -78,6 +113,8 @@ def _worker() -> None:
     t = dist.get_world_size()
     for s, b, h, d_ff in [(2 * t, 1, 8, 32), (3 * t, 2, 12, 37), (t, 3, 5, 20)]:
         _block_case(s, b, h, d_ff)
+    _attention_case(2 * t, 2, 3, 4)  # three heads: uneven over two ranks
+    _attention_case(3 * t, 1, t, 8)
     _dropout_case()
     with pytest.raises(ValueError, match="must divide by the group size"):
         SP.shard_sequence(torch.ones(t + 1, 4))
@@ -102,6 +139,13 @@ def test_activation_count_and_bad_input():
         SP.block_ref(torch.ones(3, 4), w, w, None, None, None, None, p_drop=1.0)
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         SP.tp_block([1.0], w, w, None, None, None, None)
+    wqkv, wo = torch.ones(4, 24), torch.ones(8, 4)
+    with pytest.raises(ValueError, match="n_heads \\(2\\) must be at least"):
+        SP.shard_attention(wqkv, torch.ones(24), wo, w, 2, 0, 3)
+    with pytest.raises(ValueError, match="disagree with n_heads=3"):
+        SP.shard_attention(wqkv, torch.ones(24), wo, w, 3, 0, 2)
+    with pytest.raises(ValueError, match="rank must be in"):
+        SP.shard_attention(wqkv, torch.ones(24), wo, w, 2, 2, 2)
 
 
 def test_torchrun_worker_measures_tp_and_sp():
