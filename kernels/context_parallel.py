@@ -271,7 +271,7 @@ def ring_backward(q, k, v, o, lse, do, causal, scale, group, impl, layout, *, pa
             ring.wait(works)
             local += recv
         dkv = local
-        if parts != "compute":
+        if parts != "compute" and ring.n > 1:
             # Every step's accumulator moves right; after step n-1 the hop takes it home.
             dkv_pending = ring.start(dkv)
         if kv_pending is not None:

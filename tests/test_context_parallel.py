@@ -57,6 +57,16 @@ def _ring_case(b, h, n_local, d, causal, layout, impl, dtype, atol, rtol, scale=
 
 
 def _subgroup_case() -> None:
+    # A ring of one (plain attention, nothing sent): every rank must create the group.
+    alone = dist.new_group([0])
+    if dist.get_rank() == 0:
+        q, k, v, do = _full(1, 2, 6, 8, torch.float32, seed=9)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        CP.ring_attention(*leaves, True, group=alone).backward(do)
+        ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        CP.attention_ref(*ref_leaves, causal=True).backward(do)
+        for a, r in zip(leaves, ref_leaves):
+            torch.testing.assert_close(a.grad, r.grad)
     # A ring over a subgroup whose ranks are not 0..k-1: neighbours go through get_global_rank.
     world = dist.get_world_size()
     members = [world - 1, 0] if world > 2 else [0, 1]
