@@ -79,6 +79,9 @@ class SavedTensorCounter:
         self._exclude = {t.untyped_storage().data_ptr() for t in exclude}
         self._seen: dict[tuple, str] = {}
         self.bytes: dict[str, int] = {}
+        # By the autograd node that produced the tensor (``"input"`` for leaves and tensors made
+        # outside autograd): where the bytes come from, for a breakdown table.
+        self.by_producer: dict[str, int] = {}
         self.label = "other"
         self._hooks = None
 
@@ -90,6 +93,8 @@ class SavedTensorCounter:
             if key not in self._seen:
                 self._seen[key] = self.label
                 self.bytes[self.label] = self.bytes.get(self.label, 0) + st.nbytes()
+                fn = type(t.grad_fn).__name__.removesuffix("Backward0") if t.grad_fn else "input"
+                self.by_producer[fn] = self.by_producer.get(fn, 0) + st.nbytes()
         return t
 
     def __enter__(self) -> SavedTensorCounter:

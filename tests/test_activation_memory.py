@@ -87,6 +87,7 @@ def test_counter_dedupes_storage_and_skips_parameters():
     (z.sum() + u).backward()
     assert counter.bytes["a"] == 5 * 6 * 4 + 2 * (5 * 3 * 4)  # x; exp and sigmoid outputs
     assert counter.bytes["b"] == 5 * 6 * 4 and counter.total == sum(counter.bytes.values())
+    assert counter.by_producer == {"input": 5 * 6 * 4, "Exp": 60, "Sigmoid": 60, "Mm": 120}
     # A view saved keeps its whole base: counted at the base's size, once.
     base = torch.randn(10, 4, requires_grad=True) * 1.0
     c2 = AM.SavedTensorCounter()
