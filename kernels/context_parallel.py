@@ -154,13 +154,13 @@ def attention_bwd_torch(q, k, v, o, lse, do, causal: bool, scale: float):
 def _attn_fwd(impl: str, q, k, v, causal: bool, scale: float):
     if impl == "torch":
         return attention_lse_torch(q, k, v, causal, scale)
-    o, lse2 = fa._forward(q, k, v, causal, scale, tma=False)
-    return o, lse2 / LOG2E  # the kernel's lse is base 2 (log2 of the sum of exp2)
+    return fa.attention_with_lse(q, k, v, causal, scale)  # lse in natural log
 
 
 def _attn_bwd(impl: str, q, k, v, o, lse, do, causal: bool, scale: float):
     if impl == "torch":
         return attention_bwd_torch(q, k, v, o, lse, do, causal, scale)
+    # The kernels keep the log-sum-exp in base 2 (log2 of the sum of exp2 of the scaled scores).
     lse2 = (lse * LOG2E).contiguous()
     return fa._backward(q, k, v, o, lse2, do, causal, scale)
 
