@@ -153,9 +153,11 @@ def test_torchrun_worker_measures_tp_and_sp():
     r = D.torchrun(
         "sp_mlp.py", 2, ["--widths", 32, "--reps", 2], backend="gloo", timeout=180, verbose=False
     )
-    assert r["checks"] == 4 and len(r["rows"]) == 1
-    row = r["rows"][0]
-    assert row["tp_ms"] > 0 and row["sp_ms"] > 0
+    assert r["checks"] == 6
+    mlp, attention = r["rows"]
+    assert mlp["block"] == "mlp" and attention["block"] == "attention" and attention["heads"] == 2
+    for row in (mlp, attention):
+        assert row["tp_ms"] > 0 and row["sp_ms"] > 0
+        assert row["sp_saved_bytes"] < row["tp_saved_bytes"]
     for name in ("tp", "sp"):  # measured saved bytes equal the count, per rank
-        assert row[f"{name}_saved_bytes"] == row[f"{name}_count_bytes"]
-    assert row["sp_saved_bytes"] < row["tp_saved_bytes"]
+        assert mlp[f"{name}_saved_bytes"] == mlp[f"{name}_count_bytes"]

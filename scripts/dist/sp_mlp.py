@@ -1,21 +1,23 @@
-"""Worker: the tensor-parallel MLP block with and without sequence parallelism, checked, then timed.
+"""Worker: the tensor-parallel MLP and attention blocks with and without sequence parallelism.
 
     python -m torch.distributed.run --nproc_per_node=P scripts/dist/sp_mlp.py [--check-only] --out r.json
 
-The block is ``x + gelu(LayerNorm(x) @ w1 + b1) @ w2 + b2`` on ``x: [s, b, h]``
+The MLP block is ``x + gelu(LayerNorm(x) @ w1 + b1) @ w2 + b2`` on ``x: [s, b, h]``, the attention
+block ``x + attention(LayerNorm(x))`` with causal multi-head attention, heads split over the ranks
 (``kernels.sequence_parallel``). Every rank builds the same full weights (same seed) and keeps its
 shard. The check runs forward and backward in float64 and asserts that TP and TP+SP give the
-single-device output and gradients. Then, per width, forward+backward is timed for TP (all-reduce;
-the norm and residual on all ``s`` tokens) and TP+SP (all-gather + reduce-scatter; norm and residual
-on ``s/P`` tokens), and the memory each keeps is measured two ways: the bytes saved for backward
-(``activation_memory.SavedTensorCounter``, device-independent, next to the count
-``sequence_parallel.activation_elements``) and, on a GPU, the peak allocated during the forward
-pass above what was allocated before it. Rank 0 writes the JSON.
+single-device output and gradients. Then, per block and width, forward+backward is timed for TP
+(all-reduce; the norm and residual on all ``s`` tokens) and TP+SP (all-gather + reduce-scatter;
+norm and residual on ``s/P`` tokens), and the memory each keeps is measured two ways: the bytes
+saved for backward (``activation_memory.SavedTensorCounter``, device-independent; for the MLP next
+to the count ``sequence_parallel.activation_elements``) and, on a GPU, the peak allocated during
+the forward pass above what was allocated before it. Rank 0 writes the JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -83,12 +85,65 @@ def check(w: D.Worker) -> int:
     return cases
 
 
-def measure_width(w: D.Worker, h: int, s: int, b: int, reps: int) -> dict:
+def attention_weights(h: int, dtype, device, seed: int = 5):
+    gen = torch.Generator(device=device).manual_seed(seed)  # the same on every rank
+
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen, device=device, dtype=dtype) * scale
+
+    return (
+        1 + rand(h, scale=0.1),
+        rand(h, scale=0.1),
+        rand(h, 3 * h, scale=h**-0.5),
+        rand(3 * h, scale=0.1),
+        rand(h, h, scale=h**-0.5),
+        rand(h, scale=0.1),
+    )
+
+
+def check_attention(w: D.Worker) -> int:
+    """The attention block: TP and TP+SP equal one device (float64), output and input gradient."""
+    s, b, head_dim, heads = 3 * w.world, 2, 8, w.world + 1
+    h = heads * head_dim
+    full = attention_weights(h, torch.float64, w.device)
+    gen = torch.Generator(device=w.device).manual_seed(13)
+    x = torch.randn(s, b, h, generator=gen, device=w.device, dtype=torch.float64)
+    dy = torch.randn(s, b, h, generator=gen, device=w.device, dtype=torch.float64)
+    xr = x.clone().requires_grad_()
+    ref = SP.attention_block_ref(xr, *full, head_dim=head_dim)
+    ref.backward(dy)
+    shards = SP.shard_attention(*full[2:], heads, w.rank, w.world)
+    n = s // w.world
+    mine = slice(w.rank * n, (w.rank + 1) * n)
+    for sp in (False, True):
+        xs = (x[mine] if sp else x).clone().requires_grad_()
+        fn = SP.sp_attention_block if sp else SP.tp_attention_block
+        out = fn(xs, *full[:2], *shards[:3], full[5], head_dim=head_dim)
+        out.backward(dy[mine] if sp else dy)
+        torch.testing.assert_close(out, ref.detach()[mine] if sp else ref.detach())
+        torch.testing.assert_close(xs.grad, xr.grad[mine] if sp else xr.grad)
+    return 2
+
+
+def measure_width(w: D.Worker, h: int, s: int, b: int, reps: int, block: str) -> dict:
     dtype = torch.bfloat16 if w.gpu else torch.float32
-    d_ff = 4 * h
-    full = weights(h, d_ff, dtype, w.device)
+    row = {"block": block, "h": h, "s": s, "b": b, "dtype": str(dtype).replace("torch.", "")}
+    if block == "mlp":
+        row["d_ff"] = 4 * h
+        full = weights(h, 4 * h, dtype, w.device)
+        shards = list(D.shard_mlp(*full[2:], w.rank, w.world))
+        fns = {"tp": SP.tp_block, "sp": SP.sp_block}
+    else:
+        head_dim = 128 if w.gpu else 16
+        row["heads"], row["head_dim"] = h // head_dim, head_dim
+        full = attention_weights(h, dtype, w.device)
+        shards = list(SP.shard_attention(*full[2:], h // head_dim, w.rank, w.world))
+        fns = {
+            "tp": functools.partial(SP.tp_attention_block, head_dim=head_dim),
+            "sp": functools.partial(SP.sp_attention_block, head_dim=head_dim),
+        }
     ln = [t.requires_grad_() for t in full[:2]]
-    shards = [t.requires_grad_() for t in D.shard_mlp(*full[2:], w.rank, w.world)]
+    shards = [t.requires_grad_() for t in shards]
     gen = torch.Generator(device=w.device).manual_seed(3)
     x = torch.randn(s, b, h, generator=gen, device=w.device, dtype=dtype)
     n = s // w.world
@@ -96,8 +151,6 @@ def measure_width(w: D.Worker, h: int, s: int, b: int, reps: int) -> dict:
         "tp": x.requires_grad_(),
         "sp": x.detach()[w.rank * n : (w.rank + 1) * n].clone().requires_grad_(),
     }
-    fns = {"tp": SP.tp_block, "sp": SP.sp_block}
-    row = {"h": h, "d_ff": d_ff, "s": s, "b": b, "dtype": str(dtype).replace("torch.", "")}
     for name, fn in fns.items():
         xi = inputs[name]
         dy = torch.ones_like(xi)
@@ -119,9 +172,9 @@ def measure_width(w: D.Worker, h: int, s: int, b: int, reps: int) -> dict:
             row[f"{name}_held_bytes"] = torch.cuda.memory_allocated(w.device) - before
         out.backward(torch.ones_like(out))
         row[f"{name}_saved_bytes"] = counter.total
-        row[f"{name}_count_bytes"] = (
-            SP.activation_elements(s, b, h, w.world, name == "sp") * x.element_size()
-        )
+        if block == "mlp":
+            count = SP.activation_elements(s, b, h, w.world, name == "sp")
+            row[f"{name}_count_bytes"] = count * x.element_size()
     return row
 
 
@@ -131,6 +184,9 @@ def main() -> None:
     p.add_argument("--widths", type=int, nargs="*", default=None, help="h values")
     p.add_argument("--seq", type=int, default=None)
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument(
+        "--blocks", nargs="*", default=["mlp", "attention"], choices=["mlp", "attention"]
+    )
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out")
     a = p.parse_args()
@@ -140,15 +196,20 @@ def main() -> None:
     seq = a.seq or (8192 if w.gpu else 32 * w.world)
     if seq % w.world:
         raise SystemExit(f"--seq {seq} must divide by the number of ranks {w.world}")
-    result = {"checks": check(w), "rows": []}
+    result = {"checks": check(w) + check_attention(w), "rows": []}
     if not a.check_only:
-        result["rows"] = [measure_width(w, h, seq, a.batch, a.reps) for h in widths]
+        result["rows"] = [
+            measure_width(w, h, seq, a.batch, a.reps, block) for block in a.blocks for h in widths
+        ]
         if w.rank == 0:
-            print(f"{'h':>6} {'TP ms':>9} {'SP ms':>9} {'TP saved MB':>12} {'SP saved MB':>12}")
+            print(
+                f"{'block':>9} {'h':>6} {'TP ms':>9} {'SP ms':>9} {'TP saved MiB':>13} "
+                f"{'SP saved MiB':>13}"
+            )
             for r in result["rows"]:
                 print(
-                    f"{r['h']:>6} {r['tp_ms']:>9.3f} {r['sp_ms']:>9.3f} "
-                    f"{r['tp_saved_bytes'] / 2**20:>12.2f} {r['sp_saved_bytes'] / 2**20:>12.2f}"
+                    f"{r['block']:>9} {r['h']:>6} {r['tp_ms']:>9.3f} {r['sp_ms']:>9.3f} "
+                    f"{r['tp_saved_bytes'] / 2**20:>13.2f} {r['sp_saved_bytes'] / 2**20:>13.2f}"
                 )
     D.finish(w, result, a.out)
 
