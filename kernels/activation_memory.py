@@ -220,21 +220,19 @@ def decoder_layer_bytes(
 ) -> int:
     """Bytes one layer of ``kernels.decoder`` keeps for backward (see the module docstring), for
     ``b`` sequences of ``s`` tokens. ``norm``: PyTorch's composite RMSNorm (the CPU path) or a
-    fused one."""
+    fused one. The formula lives in ``planner.decoder_activation_bytes_per_layer`` (with tensor
+    and sequence parallelism), which the planner uses for ``Model(activations="decoder")``."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
     e = torch.empty((), dtype=dtype).element_size()
-    h, a, g, d, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
-    sb = s * b
-    if recompute == "full":
-        return e * sb * h
-    one_norm = (8 + e) * sb * h + 4 * sb if norm == "composite" else 2 * e * sb * h + 4 * sb
-    lse = 4 * sb * a if recompute == "none" else 0
-    attention = e * sb * d * (a + g) + e * sb * d * (a + 2 * g) + e * sb * h + lse
-    mlp = 4 * e * sb * f
-    return 2 * one_norm + attention + mlp
+    a, g = cfg.n_heads, cfg.n_kv_heads
+    return int(
+        planner.decoder_activation_bytes_per_layer(
+            s, b, cfg.d_model, a, g, cfg.d_ff, recompute=recompute, bytes_per_element=e, norm=norm
+        )
+    )
 
 
 def rope_table_bytes(cfg: pm.TransformerConfig, s: int, b: int, dtype=torch.bfloat16) -> int:

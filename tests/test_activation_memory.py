@@ -121,3 +121,28 @@ def test_recompute_gives_the_same_gradients():
     for rc in ("selective", "full"):
         for g, r in zip(grads[rc], grads["none"]):
             torch.testing.assert_close(g, r)
+
+
+def test_planner_decoder_form_with_tp_and_sp():
+    from kernels import planner as P
+
+    f = P.decoder_activation_bytes_per_layer
+    s, b, h, a, g, ffn = 16, 2, 64, 8, 4, 176
+    one = f(s, b, h, a, g, ffn)
+    norms = 2 * (2 * 2 * s * b * h + 4 * s * b)  # fused RMSNorm: input, output, rstd
+    # TP divides everything but the norms; SP the norms too.
+    assert f(s, b, h, a, g, ffn, t=4) == pytest.approx(norms + (one - norms) / 4)
+    assert f(s, b, h, a, g, ffn, t=4, sp=True) == pytest.approx(one / 4)
+    assert f(s, b, h, a, g, ffn, t=4, sp=True, recompute="full") == 2 * s * b * h / 4
+    assert one - f(s, b, h, a, g, ffn, recompute="selective") == 4 * s * b * a
+    # The planner uses it for Model(activations="decoder"): layers x per layer + the logits.
+    model = P.Model("m", 3, h, a, g, ffn, 100, s, activations="decoder")
+    mem = P.memory(model, P.Parallel(tp=2, sp=True, micro_batch=b), 1, recompute="selective")
+    per_layer = f(s, b, h, a, g, ffn, t=2, sp=True, recompute="selective")
+    assert mem["activations"] == pytest.approx(3 * per_layer + b * s * 100 / 2 * (2 + 4))
+    paper = P.memory(P.Model("m", 3, h, a, g, ffn, 100, s), P.Parallel(micro_batch=b), 1)
+    assert paper["activations"] != P.memory(model, P.Parallel(micro_batch=b), 1)["activations"]
+    with pytest.raises(ValueError, match="model.activations must be one of"):
+        P.Model("m", 3, h, a, g, ffn, 100, s, activations="measured")
+    with pytest.raises(ValueError, match="norm must be 'fused' or 'composite'"):
+        f(s, b, h, a, g, ffn, norm="layer")
