@@ -237,3 +237,14 @@ def test_torchrun_worker_checks_and_times():
     (row,) = r["rows"]
     assert row["n"] == 16 and all(row[k] > 0 for k in ("ring_ms", "compute_ms", "comm_ms"))
     assert row["kv_bytes_per_step"] == 2 * 2 * 8 * 16 * 4  # k and v: 2 heads, 8 rows, d 16, fp32
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_step_flops_add_up_to_one_device(world):
+    from kernels import flash_attention as fa
+
+    b, h, n_loc, d = 2, 3, 64, 128
+    n = world * n_loc
+    for causal in (False, True):
+        total = world * CP.step_flops(b, h, n_loc, d, world, causal)
+        assert total == pytest.approx(fa.fwd_flops(b, h, n, n, d, causal))
