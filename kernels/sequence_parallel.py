@@ -1,4 +1,4 @@
-"""Sequence parallelism (Megatron-LM style) for the tensor-parallel MLP block of Act 5.
+"""Sequence parallelism (Megatron-LM style) for the tensor-parallel MLP and attention blocks.
 
 The block is pre-norm with a residual, on activations laid out sequence-first, ``x: [s, b, h]``::
 
