@@ -34,7 +34,7 @@ more hop brings it home. ``dQ`` stays local.
 Two attention engines (``impl``): ``"triton"`` (``kernels.flash_attention``'s forward and backward
 kernels: fp16/bf16, head dim 64 or 128) and ``"torch"`` (the same maths in fp32 torch, any dtype and
 head dim: in the CPU interpreter the Triton kernels are slow, so tests use it for most cases).
-Default: Triton on a GPU, torch otherwise.
+Default: Triton for CUDA tensors, torch otherwise.
 
 Every rank must call ``ring_attention`` with tensors of the same shape (ranks exchange blocks of
 that shape without checking each other).
@@ -47,7 +47,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from kernels import _validate, device
+from kernels import _validate
 from kernels import flash_attention as fa
 from kernels.launch import LOG2E
 
@@ -311,7 +311,7 @@ def _check(q, k, v, causal, sm_scale, group, impl, layout) -> tuple[float, str]:
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    impl = ("triton" if device.GPU_MODE else "torch") if impl is None else impl
+    impl = ("triton" if q.is_cuda else "torch") if impl is None else impl
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "triton":

@@ -1,6 +1,6 @@
 """Sequence parallelism (Megatron-LM style) for the tensor-parallel MLP and attention blocks.
 
-The block is pre-norm with a residual, on activations laid out sequence-first, ``x: [s, b, h]``::
+The MLP block is pre-norm with a residual, on activations laid out sequence-first, ``x: [s, b, h]``::
 
     y = x + dropout(gelu(LayerNorm(x) @ w1 + b1) @ w2 + b2)
 
