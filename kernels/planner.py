@@ -23,7 +23,8 @@ Assumptions (each also where it is used):
   recomputed, which FlashAttention does anyway), ``2 sbh`` (the layer input) with full
   recomputation; tensor parallelism divides the ``24 sbh`` of the matmul inputs and the scores by
   ``t``, sequence parallelism the remaining ``10 sbh`` too. For Llama-style layers (SwiGLU, GQA, no
-  dropout) the same count is an approximation. The last stage also holds the logits
+  dropout) the same count is an approximation; ``Model(activations="decoder")`` uses instead the
+  count measured on the course's decoder (``decoder_activation_bytes_per_layer``). The last stage also holds the logits
   (``b · s · v / t`` elements in bf16 plus an fp32 copy for the loss).
 - **Compute** time is training FLOPs (3 × forward; 4 × with full recomputation; selective adds the
   attention-core forward) over ``peak × mfu``, split evenly over all GPUs; causal attention costs
@@ -54,6 +55,7 @@ from kernels.distributed import bubble_fraction, gpt_params, peak_in_flight
 from kernels.perfmodel import TransformerConfig, flops_per_token
 
 RECOMPUTE = ("none", "selective", "full")
+ACTIVATION_FORMS = ("paper", "decoder")  # Model.activations: which closed form counts a layer
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 MEMORY_HEADROOM = 0.9  # a plan fits if it needs at most 90% of the GPU's memory (allocator slack)
 
@@ -101,7 +103,10 @@ class Model:
     ``kv_heads`` key/value heads, an MLP of width ``ffn``), vocabulary ``vocab``, sequences of
     ``seq`` tokens. ``experts > 0`` makes every MLP a mixture of ``experts`` experts with ``top_k``
     active per token. ``params`` overrides the parameter count (for models with biases or learned
-    positions that ``TransformerConfig`` does not count); dense models only."""
+    positions that ``TransformerConfig`` does not count); dense models only. ``activations``:
+    count a layer's activations with Korthikanti et al.'s GPT form (``"paper"``) or with the form
+    measured on the course's Llama-style decoder (``"decoder"``, ``decoder_activation_bytes_per_layer``
+    with a fused RMSNorm)."""
 
     name: str
     layers: int
@@ -115,8 +120,13 @@ class Model:
     top_k: int = 0
     gated_mlp: bool = True
     params: int | None = None
+    activations: str = "paper"
 
     def __post_init__(self):
+        if self.activations not in ACTIVATION_FORMS:
+            raise ValueError(
+                f"model.activations must be one of {ACTIVATION_FORMS}, got {self.activations!r}"
+            )
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq"):
             _positive_int(f"model.{name}", getattr(self, name))
         if self.hidden % self.heads or self.heads % self.kv_heads:
@@ -366,6 +376,48 @@ def activation_bytes_per_layer(
     return unsharded + sharded + scores
 
 
+def decoder_activation_bytes_per_layer(
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    kv_heads: int,
+    ffn: int,
+    t: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    *,
+    bytes_per_element: int = 2,
+    norm: str = "fused",
+) -> float:
+    """The same count for a Llama-style layer as the course's decoder computes it (RMSNorm, GQA
+    with ``kv_heads``, SwiGLU of width ``ffn``, no dropout, FlashAttention-style attention that keeps
+    no score matrix), op by op; ``kernels.activation_memory`` measures it exactly on the CPU. With
+    ``e = bytes_per_element`` and ``d = h/a``:
+
+    - two RMSNorms, each ``2e·sbh + 4 sb`` fused (input, output, fp32 rstd) or, PyTorch's
+      composite ``F.rms_norm`` (``norm="composite"``), ``(8 + e)·sbh + 4 sb`` (fp32 copies);
+    - attention ``e·sb·d(a + g) + e·sb·d(a + 2g) + e·sbh`` (rotated q and k, the QKV output that v
+      views, the output) plus the fp32 log-sum-exp ``4 sba``, which selective recomputation drops;
+    - MLP ``4e·sbf`` (gate/up output, SiLU output, product).
+
+    Tensor parallelism divides attention and MLP by ``t`` (heads and ``ffn`` split; assumes ``t``
+    divides ``kv_heads``); the norms only with sequence parallelism. Full recomputation keeps the
+    layer input, ``e·sbh`` (``/t`` with SP)."""
+    _check_recompute(recompute)
+    if norm not in ("fused", "composite"):
+        raise ValueError(f"norm must be 'fused' or 'composite', got {norm!r}")
+    e, sb = bytes_per_element, s * b
+    if recompute == "full":
+        return e * sb * h / (t if sp else 1)
+    d = h // a
+    one_norm = (2 * e if norm == "fused" else 8 + e) * sb * h + 4 * sb
+    lse = 4 * sb * a if recompute == "none" else 0
+    attention = e * sb * d * (a + kv_heads) + e * sb * d * (a + 2 * kv_heads) + e * sb * h + lse
+    mlp = 4 * e * sb * ffn
+    return 2 * one_norm / (t if sp else 1) + (attention + mlp) / t
+
+
 def memory(
     model: Model,
     parallel: Parallel,
@@ -400,9 +452,15 @@ def memory(
 
 def _activations(model: Model, p: Parallel, m: int, recompute: str) -> float:
     s = model.seq // p.cp
-    per_layer = activation_bytes_per_layer(
-        s, p.micro_batch, model.hidden, model.heads, p.tp, p.sp, recompute, s_kv=model.seq
-    )
+    if model.activations == "decoder":  # a token visits top_k experts' MLPs
+        ffn = model.ffn * max(1, model.top_k)
+        per_layer = decoder_activation_bytes_per_layer(
+            s, p.micro_batch, model.hidden, model.heads, model.kv_heads, ffn, p.tp, p.sp, recompute
+        )
+    else:
+        per_layer = activation_bytes_per_layer(
+            s, p.micro_batch, model.hidden, model.heads, p.tp, p.sp, recompute, s_kv=model.seq
+        )
     layers = model.layers // p.pp
     logits = p.micro_batch * s * model.vocab / p.tp * (2 + 4)  # bf16 logits + fp32 copy
     if p.pp == 1:
