@@ -200,6 +200,7 @@ BENCH_MODULES = [
     "kernels.collectives",
     "kernels.paged_attention",
     "kernels.decoder",
+    "kernels.moe",
     "kernels.shapes",
 ]
 
