@@ -73,7 +73,9 @@ def dispatch(
     recv_splits = recv_counts.sum(1).tolist()
     recv = x.new_empty(sum(recv_splits), x.shape[1])
     dist.all_to_all_single(recv, x_sorted, recv_splits, send_splits, group=group)
-    return Dispatched(recv, recv_counts, send_splits, recv_splits, handle, weights, x_sorted.shape[0])
+    return Dispatched(
+        recv, recv_counts, send_splits, recv_splits, handle, weights, x_sorted.shape[0]
+    )
 
 
 def run_experts(d: Dispatched, w_gate, w_up, w_down, trans_b: bool = False) -> torch.Tensor:

@@ -84,9 +84,7 @@ _CPU_DW_CONFIG = (16, 32, 16, 4, 1)
 
 def _autotune_configs(gpu: list, cpu: tuple, names: tuple[str, str, str]) -> list:
     shapes = [cpu] if device.INTERPRET else gpu
-    return [
-        triton.Config(dict(zip(names, s[:3])), num_warps=s[3], num_stages=s[4]) for s in shapes
-    ]
+    return [triton.Config(dict(zip(names, s[:3])), num_warps=s[3], num_stages=s[4]) for s in shapes]
 
 
 def _prune_swiglu(configs, named_args, **kwargs):
@@ -175,7 +173,9 @@ def _grouped_mm_kernel(
         w_ptrs = w_ptr + w_base + offs_k[:, None] * stride_wk + cols_in[None, :] * stride_wn
         if SWIGLU:
             w2_base = expert.to(tl.int64) * stride_w2e
-            w2_ptrs = w2_ptr + w2_base + offs_k[:, None] * stride_w2k + cols_in[None, :] * stride_w2n
+            w2_ptrs = (
+                w2_ptr + w2_base + offs_k[:, None] * stride_w2k + cols_in[None, :] * stride_w2n
+            )
             acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         # fp32 accumulators: 16-bit products summed over K would lose the low bits.
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -268,7 +268,9 @@ def _grouped_dw_kernel(
         else:
             acc = tl.dot(tl.trans(a), b, acc)
     c_off = expert.to(tl.int64) * stride_ce + ks[:, None] * stride_ck + ns[None, :] * stride_cn
-    tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=(ks < K)[:, None] & (ns < N)[None, :])
+    tl.store(
+        c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=(ks < K)[:, None] & (ns < N)[None, :]
+    )
 
 
 _grouped_mm_tuned = triton.autotune(
@@ -435,9 +437,7 @@ def grouped_matmul_dw(
     _validate.same("x_sorted", x_sorted, "dy_sorted", dy_sorted, shape=False)
     M, K = x_sorted.shape
     if dy_sorted.shape[0] != M:
-        raise ValueError(
-            f"dy_sorted must have x_sorted's {M} rows, got {tuple(dy_sorted.shape)}"
-        )
+        raise ValueError(f"dy_sorted must have x_sorted's {M} rows, got {tuple(dy_sorted.shape)}")
     _validate.tensor("offsets", offsets, dtypes=(torch.int32,), ndim=1)
     if offsets.shape[0] < 2:
         raise ValueError(f"offsets must have n_experts + 1 >= 2 entries, got {offsets.shape[0]}")
@@ -541,13 +541,21 @@ def _dw_spec(t: str, trans: bool) -> dict:
     return dict(
         kernel=_grouped_dw_kernel,
         signature={
-            "a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "offs_ptr": "*i32",
+            "a_ptr": f"*{t}",
+            "b_ptr": f"*{t}",
+            "c_ptr": f"*{t}",
+            "offs_ptr": "*i32",
             **{n: "i32" for n in ("M", "N", "K", "stride_am", "stride_ak", "stride_bm")},
             **{n: "i32" for n in ("stride_bn", "stride_ce", "stride_ck", "stride_cn")},
             "rows_bucket": "i32",
         },  # fmt: skip
-        constexprs={"FP32_EXACT": t == "fp32", "GROUP_M": GROUP_M, "BLOCK_M": 128,
-                    "BLOCK_N": 128, "BLOCK_R": 64},  # fmt: skip
+        constexprs={
+            "FP32_EXACT": t == "fp32",
+            "GROUP_M": GROUP_M,
+            "BLOCK_M": 128,
+            "BLOCK_N": 128,
+            "BLOCK_R": 64,
+        },  # fmt: skip
         options={"num_warps": 8, "num_stages": 4},
     )
 
@@ -563,8 +571,14 @@ def _mm_spec(t: str, swiglu: bool, save: bool) -> dict:
             **{n: "i32" for n in (*ints, *ints2, "rows_bucket")},
         },
         constexprs={
-            "SWIGLU": swiglu, "SAVE_PREACT": save, "FP32_EXACT": t == "fp32", "E_PAD": 256,
-            "GROUP_M": GROUP_M, "BLOCK_M": 128, "BLOCK_N": 128 if swiglu else 256, "BLOCK_K": 64,
+            "SWIGLU": swiglu,
+            "SAVE_PREACT": save,
+            "FP32_EXACT": t == "fp32",
+            "E_PAD": 256,
+            "GROUP_M": GROUP_M,
+            "BLOCK_M": 128,
+            "BLOCK_N": 128 if swiglu else 256,
+            "BLOCK_K": 64,
         },  # fmt: skip
         options={"num_warps": 8, "num_stages": 3},
     )

@@ -125,7 +125,9 @@ def _check_layer(x, router_w, w_gate, w_up, w_down, top_k, trans_b, router_bias)
             f"{D}, got {tuple(w_gate.shape)}"
         )
     if tuple(w_down.shape) != want_down:
-        raise ValueError(f"w_down must be {list(want_down)} to match w_gate, got {tuple(w_down.shape)}")
+        raise ValueError(
+            f"w_down must be {list(want_down)} to match w_gate, got {tuple(w_down.shape)}"
+        )
     if not isinstance(router_w, torch.Tensor):
         raise TypeError(f"router_w must be a torch.Tensor, got {type(router_w).__name__}")
     if tuple(router_w.shape) != (E, D) or router_w.device != x.device:

@@ -363,8 +363,12 @@ COMPILE_SPECS = [
             **{n: "i32" for n in ("M", "D", "stride_xm", "stride_om", "stride_ym")},
         },
         constexprs={
-            "TOP_K": 8, "WRITE_POS": not bwd, "HAS_SCALE": bwd, "DOT": bwd,
-            "BLOCK_R": _ROWS_GPU, "BLOCK_D": _COLS_GPU,
+            "TOP_K": 8,
+            "WRITE_POS": not bwd,
+            "HAS_SCALE": bwd,
+            "DOT": bwd,
+            "BLOCK_R": _ROWS_GPU,
+            "BLOCK_D": _COLS_GPU,
         },  # fmt: skip
     )
     for t in ("bf16", "fp32")
@@ -380,7 +384,10 @@ COMPILE_SPECS = [
             **{n: "i32" for n in ("T", "D", "stride_ym", "stride_om")},
         },
         constexprs={
-            "TOP_K": 8, "HAS_WEIGHTS": True, "BLOCK_R": _ROWS_GPU, "BLOCK_D": _COLS_GPU,
+            "TOP_K": 8,
+            "HAS_WEIGHTS": True,
+            "BLOCK_R": _ROWS_GPU,
+            "BLOCK_D": _COLS_GPU,
         },  # fmt: skip
     )
     for t in ("bf16", "fp32")

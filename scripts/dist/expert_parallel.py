@@ -107,11 +107,13 @@ def timing(w: D.Worker, a) -> dict:
         t = {
             "dispatch": C.time_collective(phase_dispatch, w.device, reps=a.reps),
             "dispatch_a2a": C.time_collective(a2a_rows, w.device, reps=a.reps),
-            "experts": C.time_collective(lambda: ep.run_experts(d, wg, wu, wd), w.device,
-                                         reps=a.reps),  # fmt: skip
+            "experts": C.time_collective(
+                lambda: ep.run_experts(d, wg, wu, wd), w.device, reps=a.reps
+            ),  # fmt: skip
             "combine": C.time_collective(lambda: ep.combine(d, y_recv), w.device, reps=a.reps),
             "layer": C.time_collective(
-                lambda: ep.ep_moe_forward(x, router_w, wg, wu, wd, a.top_k, **kw), w.device,
+                lambda: ep.ep_moe_forward(x, router_w, wg, wu, wd, a.top_k, **kw),
+                w.device,
                 reps=a.reps,
             ),
         }
