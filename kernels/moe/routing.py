@@ -371,7 +371,7 @@ COMPILE_SPECS = [
             "BLOCK_D": _COLS_GPU,
         },  # fmt: skip
     )
-    for t in ("bf16", "fp32")
+    for t in ("bf16",)
     for bwd in (False, True)
 ] + [
     dict(
@@ -390,5 +390,5 @@ COMPILE_SPECS = [
             "BLOCK_D": _COLS_GPU,
         },  # fmt: skip
     )
-    for t in ("bf16", "fp32")
+    for t in ("bf16",)
 ]
