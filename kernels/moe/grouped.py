@@ -587,8 +587,8 @@ def _mm_spec(t: str, swiglu: bool, save: bool, min_cc: int = 0) -> dict:
 
 
 # bf16 from Ampere on (the GPUs with bf16 tensor cores); fp16, what a T4 runs instead, for every
-# target. Each Turing compile of the grouped kernel takes the compiler about 20 s on this course's
-# CI machine, so the Turing target gets one of them.
+# target. Each Turing compile of the grouped kernel took the compiler about 20 s on a 2-core CPU
+# machine when this was written, so the Turing target gets one of them.
 COMPILE_SPECS = [
     _mm_spec("bf16", False, False, min_cc=80),
     _mm_spec("bf16", True, True, min_cc=80),
