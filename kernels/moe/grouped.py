@@ -351,8 +351,11 @@ def _launch_mm(x, w, w2, y, g, u, offsets, N, strides, strides2, swiglu, save):
     e_pad = max(16, launch.next_power_of_2(E))
 
     def grid(meta):
+        # One program per SM for the large tiles (their staged buffers fill an SM's shared
+        # memory), two for 64 x 128 tiles; never more programs than tiles can exist.
+        per_sm = 2 if meta["BLOCK_M"] * meta["BLOCK_N"] <= 64 * 128 else 1
         bound = (triton.cdiv(M, meta["BLOCK_M"]) + E) * triton.cdiv(N, meta["BLOCK_N"])
-        return (max(1, min(_persistent_programs(), bound)),)
+        return (max(1, min(per_sm * _persistent_programs(), bound)),)
 
     _grouped_mm_tuned[grid](
         x, w, w2, y, g, u, offsets, M, N, K, E,

@@ -66,10 +66,11 @@ class _MoEExperts(torch.autograd.Function):
     """permute -> grouped SwiGLU -> grouped down projection -> weighted combine, and back."""
 
     @staticmethod
-    def forward(ctx, x, weights, ids, w_gate, w_up, w_down, trans_b):
+    def forward(ctx, x, weights, ids, w_gate, w_up, w_down, trans_b, train):
+        # ``train``: grad mode was on and an input needs a gradient (decided by the caller: inside
+        # forward grad mode is always off): only then keep the pre-activations for the backward.
         n_experts = w_gate.shape[0]
         x_sorted, offsets, handle = permute(x, ids, n_experts)
-        train = any(ctx.needs_input_grad)
         if train:
             h, g, u = grouped_swiglu(x_sorted, w_gate, w_up, offsets, trans_b, save_preact=True)
         else:
@@ -86,7 +87,7 @@ class _MoEExperts(torch.autograd.Function):
         xs, g, u, h, ys, weights, w_gate, w_up, w_down = ctx.saved_tensors
         handle: Permutation = ctx.handle
         tb, offs = ctx.trans_b, handle.offsets
-        need_x, need_w, _, need_g, need_u, need_d, _ = ctx.needs_input_grad
+        need_x, need_w, _, need_g, need_u, need_d, _, _ = ctx.needs_input_grad
         dys, dweights = unpermute_backward(grad_out.contiguous(), ys, handle, weights)
         dx = dwg = dwu = dwd = None
         if need_d:
@@ -102,7 +103,7 @@ class _MoEExperts(torch.autograd.Function):
                 dxs = grouped_matmul(dg, w_gate, offs, not tb)
                 dxs += grouped_matmul(du, w_up, offs, not tb)
                 dx = unpermute(dxs, handle)  # each token: the sum of its k copies' gradients
-        return dx, dweights if need_w else None, None, dwg, dwu, dwd, None
+        return dx, dweights if need_w else None, None, dwg, dwu, dwd, None, None
 
 
 def _check_layer(x, router_w, w_gate, w_up, w_down, top_k, trans_b, router_bias):
@@ -166,7 +167,10 @@ def moe_layer(
     ``scoring`` and ``norm_topk`` as in ``route``. Returns ``[T, D]`` in x's dtype."""
     _check_layer(x, router_w, w_gate, w_up, w_down, top_k, trans_b, router_bias)
     ids, weights = route(router_logits(x, router_w, router_bias), top_k, scoring, norm_topk)
-    return _MoEExperts.apply(x, weights, ids, w_gate, w_up, w_down, trans_b)
+    train = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (x, weights, w_gate, w_up, w_down)
+    )
+    return _MoEExperts.apply(x, weights, ids, w_gate, w_up, w_down, trans_b, train)
 
 
 def moe_layer_loop(
