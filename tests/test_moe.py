@@ -325,6 +325,22 @@ def test_bad_layer_input():
         moe.moe_layer(x, router_w, wg, wu, wd, 1, router_bias=torch.zeros(3))
 
 
+def test_moe_benchmark_runs_in_quick_mode():
+    from kernels import bench
+
+    recs = bench.BENCHMARKS["moe"](True)
+    variants = {r["variant"] for r in recs}
+    assert {
+        "grouped_mm-triton-skewed",
+        "layer-fwdbwd-triton-skewed",
+        "permute-triton-skewed",
+    } <= variants
+    for r in recs:
+        assert r["bench"] == "moe" and r["ms"] > 0 and r["ceiling"]
+        if "triton" in r["variant"]:
+            assert r["baseline"] and r["baseline_ms"] > 0  # (speedups round to 0 here)
+
+
 # ----------------------------------------------------------------------------- GPU only
 
 
