@@ -171,6 +171,28 @@ def test_grouped_swiglu_fuses_gate_and_up(trans_b):
     torch.testing.assert_close(moe.grouped_swiglu(x_sorted, wg, wu, offsets, trans_b), h)
 
 
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_swiglu_backward_epilogue_and_accumulate(trans_b):
+    T, D, F_, E, k = 13, 24, 40, 6, 2
+    _, _, _, dy, offsets = _sorted_input(T, D, E, k, 2)
+    g_, u_ = torch.randn(dy.shape[0], F_), torch.randn(dy.shape[0], F_)
+    w_down = torch.randn((E, D, F_) if trans_b else (E, F_, D))
+    dg, du = moe.grouped_swiglu_backward(dy, w_down, guarded(g_), guarded(u_), offsets, trans_b)
+    dh = moe.grouped_matmul_ref(dy, w_down, offsets, not trans_b)
+    gr, ur = g_.clone().requires_grad_(), u_.clone().requires_grad_()
+    (F.silu(gr) * ur).backward(dh)
+    torch.testing.assert_close(dg, gr.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(du, ur.grad, rtol=1e-5, atol=1e-5)
+    out = torch.randn(dy.shape[0], F_)
+    want = out + dh
+    assert moe.grouped_matmul_add_(out, dy, w_down, offsets, not trans_b) is out
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="gate must be \\[M, F\\]"):
+        moe.grouped_swiglu_backward(dy, w_down, g_[:, :5].contiguous(), u_, offsets, trans_b)
+    with pytest.raises(ValueError, match="out must be \\[M, N\\]"):
+        moe.grouped_matmul_add_(out[:3], dy, w_down, offsets, not trans_b)
+
+
 def test_no_rows_and_torch_grouped_mm():
     w = torch.randn(3, 8, 5)
     empty = moe.grouped_matmul(torch.randn(0, 8), w, torch.zeros(4, dtype=torch.int32))

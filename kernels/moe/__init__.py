@@ -22,12 +22,14 @@ without padding groups in memory:
 from kernels.moe import benchmark, ep, grouped, layer, routing, workloads
 from kernels.moe.grouped import (
     grouped_matmul,
+    grouped_matmul_add_,
     grouped_matmul_dw,
     grouped_matmul_dw_ref,
     grouped_matmul_loop,
     grouped_matmul_ref,
     grouped_matmul_torch,
     grouped_swiglu,
+    grouped_swiglu_backward,
     torch_grouped_mm_available,
 )
 from kernels.moe.layer import expert_ffn, moe_layer, moe_layer_loop, moe_layer_ref, router_logits
@@ -47,9 +49,10 @@ COMPILE_SPECS = routing.COMPILE_SPECS + grouped.COMPILE_SPECS
 
 __all__ = [
     "MODEL_SHAPES", "MoEShape", "Permutation", "benchmark", "counts", "ep", "expert_ffn",
-    "grouped", "grouped_matmul", "grouped_matmul_dw", "grouped_matmul_dw_ref",
-    "grouped_matmul_loop", "grouped_matmul_ref", "grouped_matmul_torch", "grouped_swiglu",
-    "layer", "moe_layer", "moe_layer_loop", "moe_layer_ref", "permute", "permute_ref", "route",
-    "router_logits", "routing", "skewed_bias", "skewed_routing", "torch_grouped_mm_available",
-    "unpermute", "unpermute_backward", "unpermute_ref", "workloads",
+    "grouped", "grouped_matmul", "grouped_matmul_add_", "grouped_matmul_dw",
+    "grouped_matmul_dw_ref", "grouped_matmul_loop", "grouped_matmul_ref", "grouped_matmul_torch",
+    "grouped_swiglu", "grouped_swiglu_backward", "layer", "moe_layer", "moe_layer_loop",
+    "moe_layer_ref", "permute", "permute_ref", "route", "router_logits", "routing", "skewed_bias",
+    "skewed_routing", "torch_grouped_mm_available", "unpermute", "unpermute_backward",
+    "unpermute_ref", "workloads",
 ]  # fmt: skip

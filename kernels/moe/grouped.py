@@ -112,12 +112,14 @@ def _expert_tiles(offs_ptr, n_experts, M, BLOCK_M: tl.constexpr, E_PAD: tl.const
 
 @triton.jit
 def _grouped_mm_kernel(
-    # pointers: x [M, K] (rows sorted by expert); w, w2 [E, K, N] through strides; y [M, N];
-    # g, u [M, N] (SAVE_PREACT: the gate and up pre-activations); offsets int32 [E + 1]
+    # pointers: x [M, K] (rows sorted by expert); w, w2 [E, K, N] through strides; y, y2 [M, N];
+    # g, u [M, N] (the gate and up pre-activations: SAVE_PREACT writes them, SWIGLU_BWD reads
+    # them); offsets int32 [E + 1]
     x_ptr,
     w_ptr,
     w2_ptr,
     y_ptr,
+    y2_ptr,
     g_ptr,
     u_ptr,
     offs_ptr,
@@ -141,6 +143,8 @@ def _grouped_mm_kernel(
     rows_bucket,  # (keys the autotuner only: the next power of two of M)
     SWIGLU: tl.constexpr,  # y = silu(x @ w) * (x @ w2)
     SAVE_PREACT: tl.constexpr,  # SWIGLU for training: also store x @ w and x @ w2
+    SWIGLU_BWD: tl.constexpr,  # x @ w is dh: write dg (to y) and du (to y2) from g and u
+    ACCUMULATE: tl.constexpr,  # y += x @ w (the second term of a sum of products)
     FP32_EXACT: tl.constexpr,  # fp32 inputs: full-precision dots (no TF32)
     E_PAD: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -203,6 +207,16 @@ def _grouped_mm_kernel(
                 tl.store(g_ptr + out_off, acc.to(g_ptr.dtype.element_ty), mask=mask)
                 tl.store(u_ptr + out_off, acc2.to(u_ptr.dtype.element_ty), mask=mask)
             acc = acc * tl.sigmoid(acc) * acc2  # silu(gate) * up, in fp32 registers
+        if SWIGLU_BWD:
+            # The SwiGLU derivative on the dh tile while it is in registers: dh itself never
+            # reaches memory. d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g))).
+            g = tl.load(g_ptr + out_off, mask=mask, other=0.0).to(tl.float32)
+            u = tl.load(u_ptr + out_off, mask=mask, other=0.0).to(tl.float32)
+            sig = tl.sigmoid(g)
+            tl.store(y2_ptr + out_off, (acc * g * sig).to(y2_ptr.dtype.element_ty), mask=mask)
+            acc = acc * u * sig * (1.0 + g * (1.0 - sig))
+        if ACCUMULATE:
+            acc += tl.load(y_ptr + out_off, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + out_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -275,7 +289,17 @@ def _grouped_dw_kernel(
 
 _grouped_mm_tuned = triton.autotune(
     configs=_autotune_configs(_GPU_CONFIGS, _CPU_CONFIG, ("BLOCK_M", "BLOCK_N", "BLOCK_K")),
-    key=["N", "K", "rows_bucket", "SWIGLU", "SAVE_PREACT", "stride_wk", "stride_wn"],
+    key=[
+        "N",
+        "K",
+        "rows_bucket",
+        "SWIGLU",
+        "SAVE_PREACT",
+        "SWIGLU_BWD",
+        "ACCUMULATE",
+        "stride_wk",
+        "stride_wn",
+    ],  # fmt: skip
     prune_configs_by={"early_config_prune": _prune_swiglu},
 )(_grouped_mm_kernel)
 
@@ -345,7 +369,10 @@ def _persistent_programs() -> int:
     return launch.sm_count(interpreter=3)  # the interpreter: a few programs, each looping
 
 
-def _launch_mm(x, w, w2, y, g, u, offsets, N, strides, strides2, swiglu, save):
+def _launch_mm(
+    x, w, w2, y, g, u, offsets, N, strides, strides2, swiglu, save, *, y2=None,
+    swiglu_bwd=False, accumulate=False,
+):  # fmt: skip
     M, K = x.shape
     E = offsets.shape[0] - 1
     e_pad = max(16, launch.next_power_of_2(E))
@@ -358,10 +385,10 @@ def _launch_mm(x, w, w2, y, g, u, offsets, N, strides, strides2, swiglu, save):
         return (max(1, min(per_sm * _persistent_programs(), bound)),)
 
     _grouped_mm_tuned[grid](
-        x, w, w2, y, g, u, offsets, M, N, K, E,
+        x, w, w2, y, y if y2 is None else y2, g, u, offsets, M, N, K, E,
         x.stride(0), x.stride(1), *strides, *strides2, y.stride(0), y.stride(1), _bucket(M),
-        SWIGLU=swiglu, SAVE_PREACT=save, FP32_EXACT=x.dtype == torch.float32, E_PAD=e_pad,
-        GROUP_M=GROUP_M,
+        SWIGLU=swiglu, SAVE_PREACT=save, SWIGLU_BWD=swiglu_bwd, ACCUMULATE=accumulate,
+        FP32_EXACT=x.dtype == torch.float32, E_PAD=e_pad, GROUP_M=GROUP_M,
     )  # fmt: skip
 
 
@@ -427,6 +454,53 @@ def grouped_swiglu(
             _launch_mm(x_sorted, w_gate, w_up, h, g, u, offsets, N, strides, strides2, True,
                        save_preact)  # fmt: skip
     return (h, g, u) if save_preact else h
+
+
+def grouped_matmul_add_(
+    out: torch.Tensor,
+    x_sorted: torch.Tensor,
+    weights: torch.Tensor,
+    offsets: torch.Tensor,
+    trans_b: bool = False,
+) -> torch.Tensor:
+    """``out += grouped_matmul(x_sorted, weights, offsets, trans_b)`` in the GEMM's epilogue (one
+    read of ``out`` instead of a separate add kernel's two reads and a write); returns ``out``
+    (contiguous ``[M, N]``, x's dtype). The backward uses it for ``dg W_g^T + du W_u^T``."""
+    N, strides = _check_mm(x_sorted, weights, offsets, trans_b)
+    _validate.tensor("out", out, dtypes=(x_sorted.dtype,), ndim=2)
+    if tuple(out.shape) != (x_sorted.shape[0], N) or out.device != x_sorted.device:
+        raise ValueError(f"out must be [M, N] = [{x_sorted.shape[0]}, {N}], got {tuple(out.shape)}")
+    if out.numel() and x_sorted.shape[1]:
+        _launch_mm(x_sorted, weights, weights, out, out, out, offsets, N, strides, strides, False,
+                   False, accumulate=True)  # fmt: skip
+    return out
+
+
+def grouped_swiglu_backward(
+    dy_sorted: torch.Tensor,
+    w_down: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    offsets: torch.Tensor,
+    trans_b: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the down projection's output gradient to the two pre-activations' gradients in one
+    launch: ``dh = dy_sorted @ W_down[e]^T`` (``w_down`` as given to the forward, ``[E, F, D]`` or,
+    with ``trans_b``, ``[E, D, F]``), then, in the epilogue, ``dg = dh * u * silu'(g)`` and
+    ``du = dh * silu(g)`` from ``gate``, ``up: [M, F]``. Returns ``(dg, du)``; dh is never stored."""
+    F_, strides = _check_mm(dy_sorted, w_down, offsets, not trans_b, "w_down")
+    M = dy_sorted.shape[0]
+    for name, t in (("gate", gate), ("up", up)):
+        _validate.tensor(name, t, dtypes=(dy_sorted.dtype,), ndim=2)
+        if tuple(t.shape) != (M, F_) or t.device != dy_sorted.device:
+            raise ValueError(f"{name} must be [M, F] = [{M}, {F_}], got {tuple(t.shape)}")
+    dg, du = torch.empty_like(gate), torch.empty_like(up)
+    if M and F_:
+        if dy_sorted.shape[1] == 0:
+            return dg.zero_(), du.zero_()
+        _launch_mm(dy_sorted, w_down, w_down, dg, gate, up, offsets, F_, strides, strides, False,
+                   False, y2=du, swiglu_bwd=True)  # fmt: skip
+    return dg, du
 
 
 def grouped_matmul_dw(
@@ -558,32 +632,35 @@ def _dw_spec(t: str, min_cc: int = 0) -> dict:
             "BLOCK_M": 128,
             "BLOCK_N": 128,
             "BLOCK_R": 64,
-        },  # fmt: skip
+        },
         options={"num_warps": 8, "num_stages": 4},
         min_cc=min_cc,
     )
 
 
-def _mm_spec(t: str, swiglu: bool, save: bool, min_cc: int = 0) -> dict:
+def _mm_spec(t: str, swiglu: bool, save: bool, min_cc: int = 0, bwd: bool = False) -> dict:
     ints = ("M", "N", "K", "n_experts", "stride_xm", "stride_xk", "stride_we", "stride_wk")
     ints2 = ("stride_wn", "stride_w2e", "stride_w2k", "stride_w2n", "stride_ym", "stride_yn")
     return dict(
         kernel=_grouped_mm_kernel,
         signature={
-            **{n: f"*{t}" for n in ("x_ptr", "w_ptr", "w2_ptr", "y_ptr", "g_ptr", "u_ptr")},
+            **{n: f"*{t}" for n in ("x_ptr", "w_ptr", "w2_ptr", "y_ptr", "y2_ptr", "g_ptr")},
+            "u_ptr": f"*{t}",
             "offs_ptr": "*i32",
             **{n: "i32" for n in (*ints, *ints2, "rows_bucket")},
         },
         constexprs={
             "SWIGLU": swiglu,
             "SAVE_PREACT": save,
+            "SWIGLU_BWD": bwd,
+            "ACCUMULATE": bwd,
             "FP32_EXACT": t == "fp32",
             "E_PAD": 256,
             "GROUP_M": GROUP_M,
             "BLOCK_M": 128,
             "BLOCK_N": 128 if swiglu else 256,
             "BLOCK_K": 64,
-        },  # fmt: skip
+        },
         options={"num_warps": 8, "num_stages": 3},
         min_cc=min_cc,
     )
@@ -595,6 +672,7 @@ def _mm_spec(t: str, swiglu: bool, save: bool, min_cc: int = 0) -> dict:
 COMPILE_SPECS = [
     _mm_spec("bf16", False, False, min_cc=80),
     _mm_spec("bf16", True, True, min_cc=80),
+    _mm_spec("bf16", False, False, min_cc=80, bwd=True),
     _mm_spec("fp16", False, False),
     _dw_spec("bf16", min_cc=80),
 ]

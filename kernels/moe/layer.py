@@ -15,9 +15,10 @@ with ``w_gate, w_up: [E, D, F]`` and ``w_down: [E, F, D]`` (``trans_b=True``: ``
 Backward (``torch.autograd.Function``): every input gets its gradient. The combine's backward is one
 pass that forms ``dy_sorted = w * dout[token]`` and ``dw = <dout[token], y_sorted>``; the router's
 gradient flows from ``dw`` through ``route`` (plain PyTorch) to ``router_w`` and to x. Then
-``dh = dy @ W_down^T`` (grouped, transposed weight), the SwiGLU derivative (elementwise, in fp32,
-in PyTorch), ``dW = X_e^T dY_e`` three times (``grouped_matmul_dw``), ``dx_sorted = dg @ W_gate^T +
-du @ W_up^T`` (two grouped launches) and the unweighted combine back to tokens. The forward saves
+``dh = dy @ W_down^T`` (grouped, transposed weight) with the SwiGLU derivative in its epilogue
+(``grouped_swiglu_backward``: dg and du leave the kernel, dh never does), ``dW = X_e^T dY_e`` three
+times (``grouped_matmul_dw``), ``dx_sorted = dg @ W_gate^T + du @ W_up^T`` (two grouped launches,
+the second adding into the first's output) and the unweighted combine back to tokens. The forward saves
 ``x_sorted``, the two pre-activations, ``h`` and ``y_sorted`` (5 x ``[T*k, D or F]``), trading
 memory for not recomputing them.
 
@@ -34,8 +35,10 @@ from kernels import _validate
 from kernels.moe.grouped import (
     SUPPORTED_DTYPES,
     grouped_matmul,
+    grouped_matmul_add_,
     grouped_matmul_dw,
     grouped_swiglu,
+    grouped_swiglu_backward,
 )
 from kernels.moe.routing import Permutation, permute, route, unpermute, unpermute_backward
 
@@ -52,14 +55,6 @@ def expert_ffn(
     (Expert parallelism runs this on the rows a rank received.)"""
     h = grouped_swiglu(x_sorted, w_gate, w_up, offsets, trans_b)
     return grouped_matmul(h, w_down, offsets, trans_b)
-
-
-def _swiglu_backward(dh, g, u):
-    gf, uf, dhf = g.float(), u.float(), dh.float()
-    sig = torch.sigmoid(gf)
-    du = dhf * gf * sig
-    dg = dhf * uf * sig * (1 + gf * (1 - sig))  # d silu(g) / dg = sig * (1 + g * (1 - sig))
-    return dg.to(g.dtype), du.to(u.dtype)
 
 
 class _MoEExperts(torch.autograd.Function):
@@ -93,15 +88,14 @@ class _MoEExperts(torch.autograd.Function):
         if need_d:
             dwd = grouped_matmul_dw(h, dys, offs, tb)
         if need_x or need_g or need_u:
-            dh = grouped_matmul(dys, w_down, offs, not tb)
-            dg, du = _swiglu_backward(dh, g, u)
+            dg, du = grouped_swiglu_backward(dys, w_down, g, u, offs, tb)
             if need_g:
                 dwg = grouped_matmul_dw(xs, dg, offs, tb)
             if need_u:
                 dwu = grouped_matmul_dw(xs, du, offs, tb)
             if need_x:
                 dxs = grouped_matmul(dg, w_gate, offs, not tb)
-                dxs += grouped_matmul(du, w_up, offs, not tb)
+                grouped_matmul_add_(dxs, du, w_up, offs, not tb)
                 dx = unpermute(dxs, handle)  # each token: the sum of its k copies' gradients
         return dx, dweights if need_w else None, None, dwg, dwu, dwd, None, None
 
