@@ -4,9 +4,10 @@
         [--check-only] [--tokens 4096 --hidden 7168 --width 2048 --experts 256 --top-k 8] --out r.json
 
 Every rank builds the same full weights (same seed) and keeps its experts (``kernels.moe.ep``). The
-check runs in fp32: each rank's output of ``ep_moe_forward`` must equal, bit for bit, its tokens'
-rows of the single-process ``moe_layer`` over every rank's tokens (uneven token counts, a rank whose
-experts get no rows). The timing (bf16 on GPUs) splits one layer's forward into
+check runs in fp32: each rank's output of ``ep_moe_forward`` must equal its tokens' rows of the
+single-process ``moe_layer`` over every rank's tokens (uneven token counts, a rank whose experts
+get no rows): bit for bit on CPUs, within 1e-5 on GPUs (where the router GEMM of a rank's rows may
+run another cuBLAS algorithm than that of all rows). The timing (bf16 on GPUs) splits one layer's forward into
 
 - dispatch: route, permute, the counts exchange and the all-to-all of the rows;
 - experts: the local permute, the two grouped GEMMs, the un-permute;
@@ -52,7 +53,7 @@ def problem(tokens: list[int], d, f, n_experts, dtype, device, seed=5, skew=None
 
 
 def check(w: D.Worker) -> int:
-    """ep_moe_forward equals moe_layer on all tokens (fp32, bit for bit); returns cases passed."""
+    """ep_moe_forward equals moe_layer on all tokens (fp32); returns cases passed."""
     cases = 0
     for tokens, d, f, n_experts, top_k, empty in [
         ([5, 7, 3, 6][: w.world] or [5], 24, 20, 2 * w.world, 2, False),
@@ -70,7 +71,11 @@ def check(w: D.Worker) -> int:
             mine = x[t0 : t0 + tokens[w.rank]]
             out = ep.ep_moe_forward(mine, router_w, wg[lo:hi], wu[lo:hi], wd[lo:hi], top_k,
                                     router_bias=bias)  # fmt: skip
-        assert torch.equal(out, full[t0 : t0 + tokens[w.rank]]), f"EP != single: case {cases}"
+        want = full[t0 : t0 + tokens[w.rank]]
+        if w.gpu:  # cuBLAS may pick another algorithm for the router GEMM of fewer rows
+            torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(out, want), f"EP != single: case {cases}"
         cases += 1
     return cases
 
