@@ -82,8 +82,10 @@ def check_layer(T: int = 2048) -> list[tuple[str, float]]:
         top_k=k, norm_topk=s.norm_topk, router_bias=moe.skewed_bias(E, zipf=0.5, n_empty=2).cuda()
     )
     ours = [t.to(torch.bfloat16).requires_grad_() for t in ins]
-    ours[1] = ins[1].clone().requires_grad_()  # an fp32 router: routing must match the reference
-    refs = [t.clone().requires_grad_() for t in ins]
+    ours[1] = ins[1].clone().requires_grad_()  # an fp32 router
+    # The reference sees the same (bf16-rounded) values: identical logits, identical routing, so
+    # the comparison measures the kernels, not routing flips at near-ties.
+    refs = [t.detach().float().requires_grad_() for t in ours]
     out = moe.moe_layer(*ours, **kw)
     ref = moe.moe_layer_ref(*refs, **kw)
     dout = torch.randn_like(ref)
