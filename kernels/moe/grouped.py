@@ -12,8 +12,8 @@ expert, thousands for a popular one. Three ways to compute this:
 
 **The tile scheduler.** Expert ``e`` needs ``ceil(count_e / BLOCK_M)`` row tiles, times ``N /
 BLOCK_N`` column tiles. The kernel is *persistent*: one program per SM (two for 64 x 128 tiles)
-loops over a flat list of output tiles, ``tile_id = pid, pid + programs, ...``. To map a tile to its expert, each program
-loads the ``n_experts + 1`` offsets once (one vector load, 1 KB for 256 experts, from L2), computes
+loops over a flat list of output tiles, ``tile_id = pid, pid + programs, ...``. To map a tile to
+its expert, each program loads the ``n_experts + 1`` offsets once (one vector load, 1 KB for 256 experts, from L2), computes
 every expert's row-tile count and their inclusive prefix sum ``ends`` in registers
 (``tl.cumsum``), and then per tile finds its expert as ``sum(ends <= m_tile)``: a vectorised search
 of a few hundred integers, no memory traffic. We chose this in-kernel search over a tile map
@@ -541,7 +541,7 @@ def grouped_matmul_dw(
     return dw
 
 
-# ----------------------------------------------------------------------------- references, baselines
+# ------------------------------------------------------------------------- references, baselines
 
 
 def _groups(offsets: torch.Tensor) -> list[tuple[int, int, int]]:

@@ -18,9 +18,9 @@ gradient flows from ``dw`` through ``route`` (plain PyTorch) to ``router_w`` and
 ``dh = dy @ W_down^T`` (grouped, transposed weight) with the SwiGLU derivative in its epilogue
 (``grouped_swiglu_backward``: dg and du leave the kernel, dh never does), ``dW = X_e^T dY_e`` three
 times (``grouped_matmul_dw``), ``dx_sorted = dg @ W_gate^T + du @ W_up^T`` (two grouped launches,
-the second adding into the first's output) and the unweighted combine back to tokens. The forward saves
-``x_sorted``, the two pre-activations, ``h`` and ``y_sorted`` (5 x ``[T*k, D or F]``), trading
-memory for not recomputing them.
+the second adding into the first's output) and the unweighted combine back to tokens. The
+forward saves ``x_sorted``, the two pre-activations, ``h`` and ``y_sorted`` (5 x ``[T*k, D or
+F]``), trading memory for not recomputing them.
 
 ``moe_layer_loop`` is what a user writes without grouped kernels (a loop over experts, as in
 Hugging Face's Mixtral block), ``moe_layer_ref`` the same in fp32: the reference.

@@ -1,13 +1,15 @@
 """Worker: expert parallelism for the MoE layer, checked against one process, then timed by phase.
 
     python -m torch.distributed.run --nproc_per_node=P scripts/dist/expert_parallel.py \
-        [--check-only] [--tokens 4096 --hidden 7168 --width 2048 --experts 256 --top-k 8] --out r.json
+        [--check-only] [--tokens 4096 --hidden 7168 --width 2048 --experts 256 --top-k 8] \
+        --out r.json
 
 Every rank builds the same full weights (same seed) and keeps its experts (``kernels.moe.ep``). The
 check runs in fp32: each rank's output of ``ep_moe_forward`` must equal its tokens' rows of the
 single-process ``moe_layer`` over every rank's tokens (uneven token counts, a rank whose experts
 get no rows): bit for bit on CPUs, within 1e-5 on GPUs (where the router GEMM of a rank's rows may
-run another cuBLAS algorithm than that of all rows). The timing (bf16 on GPUs) splits one layer's forward into
+run another cuBLAS algorithm than that of all rows). The timing (bf16 on GPUs) splits one layer's
+forward into
 
 - dispatch: route, permute, the counts exchange and the all-to-all of the rows;
 - experts: the local permute, the two grouped GEMMs, the un-permute;
