@@ -202,6 +202,7 @@ BENCH_MODULES = [
     "kernels.mla",
     "kernels.dsa",
     "kernels.decoder",
+    "kernels.moe",
     "kernels.shapes",
 ]
 

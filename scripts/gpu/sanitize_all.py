@@ -196,8 +196,32 @@ def trees():
     close(pred, tr.predict_ref(ens, X), 1e-4)
 
 
+def moe_fwd_bwd():
+    from kernels import moe
+
+    # 37 tokens, top-3 of 12 experts (3 never chosen), widths off every tile: partial row tiles,
+    # empty experts, masked K and N edges; both weight layouts; forward and every gradient.
+    T, D, F, E, k = 37, 200, 136, 12, 3
+    bias = moe.skewed_bias(E, zipf=0.5, n_empty=3).to(DEV)
+    for trans_b in (False, True):
+        gate = (E, F, D) if trans_b else (E, D, F)
+        down = (E, D, F) if trans_b else (E, F, D)
+        ins = [rnd(T, D), rnd(E, D, scale=D**-0.5), rnd(*gate, scale=D**-0.5),
+               rnd(*gate, scale=D**-0.5), rnd(*down, scale=F**-0.5)]  # fmt: skip
+        ins = [t.to(BF16).requires_grad_() for t in ins]
+        refs = [t.detach().float().requires_grad_() for t in ins]
+        kw = dict(top_k=k, router_bias=bias, trans_b=trans_b)
+        out, ref = moe.moe_layer(*ins, **kw), moe.moe_layer_ref(*refs, **kw)
+        close(out, ref)
+        dy = rnd(T, D, dtype=BF16)
+        out.backward(dy)
+        ref.backward(dy.float())
+        for a, b in zip(ins, refs):
+            close(a.grad, b.grad, 5e-2)
+
+
 STEPS = [vector_add, softmax_fwd_bwd, norms_fwd_bwd, matmul, attention_fwd_bwd, paged_decode, mla_dsa,
-         quant_gemv, quant_fp8, sgemm_ladder, megakernel, trees]  # fmt: skip
+         quant_gemv, quant_fp8, sgemm_ladder, megakernel, trees, moe_fwd_bwd]  # fmt: skip
 
 
 def _run_each_candidate_once() -> None:
