@@ -197,11 +197,11 @@ def _check_race(arrive, wait, rounds: int = 64) -> None:
         )
 
 
-def check_grid_barrier(arrive: triton.JITFunction, wait: triton.JITFunction) -> int:
+def check_grid_barrier(arrive, wait) -> int:
     """Grade ``arrive`` and ``wait`` (both ``@triton.jit``); raise AssertionError naming the first
     check they fail. On a GPU the race check runs too. Returns the number of checks passed."""
     for name, fn in (("arrive", arrive), ("wait", wait)):
-        if not isinstance(fn, triton.JITFunction):
+        if not isinstance(fn, triton.runtime.KernelInterface):  # JIT, or interpreted on a CPU
             raise TypeError(f"{name} must be a @triton.jit function, got {type(fn).__name__}")
     for n in LANES:
         _check_lanes(arrive, n)
