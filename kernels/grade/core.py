@@ -118,8 +118,25 @@ def matmul_cases() -> list[Case]:
                 _randn([m, k], d, s),
                 _randn([k, n], d, s + 1),
             )
-            out.append(Case(f"matmul M={m} N={n} K={k} {_name(dtype)}", make, reduce_len=k))
+            name = f"matmul M={m} N={n} K={k} {_name(dtype)}"
+            out.append(Case(name, make, reduce_len=k, diagnose=_matmul_diagnose))
     return out
+
+
+def _matmul_diagnose(out: torch.Tensor, ref: torch.Tensor, args: tuple) -> list[str]:
+    """Recognise a K loop that stops early: the output is A[:, :k] @ B[:k] for a tile multiple k."""
+    a, b = (t.double() for t in args[:2])
+    k = a.shape[1]
+    got = out.double()
+    for tile in (16, 32, 64, 128):
+        kk = k // tile * tile
+        if 0 < kk < k and torch.allclose(got, a[:, :kk] @ b[:kk], rtol=1e-2, atol=1e-2):
+            return [
+                f"your result is the product over the first {kk} of K = {k}: the K loop drops "
+                f"the last, partial tile of {k - kk}. Loop over range(0, K, BLOCK_K) and mask "
+                "the loads at K (other=0.0) instead"
+            ]
+    return []
 
 
 # The case sets are gathered, with the exercises', in ``kernels.grade.cases``.
