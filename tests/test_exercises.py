@@ -116,9 +116,10 @@ def test_grid_stride_without_the_loop_misses_the_tail(tmp_path):
     )
     ns = _lab("01a", tmp_path, wrong)
     msg = fails(grade.check, ns["add_grid_stride"], ns["add_ref"], grade.cases.vector_add())
-    # Four programs of 128 cover the first 512 elements; the rest is never written.
-    assert "case 'vector_add n=1000 float32'" in msg
-    assert "last 488 of 1000 elements" in msg and "(from index 512 on" in msg
+    assert "the last, partial block" in msg
+    if not device.GPU_MODE:  # four programs of 128 cover the first 512 elements, and no more
+        assert "case 'vector_add n=1000 float32'" in msg
+        assert "last 488 of 1000 elements" in msg and "(from index 512 on" in msg
 
 
 def test_grid_stride_off_by_one_mask(tmp_path):
@@ -156,7 +157,7 @@ def test_gelu_chain_indexing_w_by_row_is_caught(tmp_path):
     msg = fails(
         grade.check, ns["gelu_chain_fused"], grade.refs.gelu_chain, grade.cases.gelu_chain()
     )
-    assert "case 'gelu_chain [7, 123] float32'" in msg and "out of tolerance" in msg
+    assert f"case '{grade.cases.gelu_chain()[0].name}'" in msg and "out of tolerance" in msg
 
 
 def test_gelu_chain_diagnoses_w_read_at_the_flat_offset():
@@ -175,8 +176,10 @@ def test_matmul_that_drops_the_last_k_tile(tmp_path):
     wrong = edit(sol, "range(0, K, BLOCK_K)", "range(0, K - BLOCK_K + 1, BLOCK_K)")
     ns = _lab("04b", tmp_path, wrong)
     msg = fails(grade.check, ns["tiled_matmul"], ns["matmul_ref"], grade.cases.matmul())
-    assert "case 'matmul M=17 N=33 K=47 float16'" in msg
-    assert "product over the first 32 of K = 47" in msg and "partial tile of 15" in msg
+    assert f"case '{grade.cases.matmul()[0].name}'" in msg
+    assert "the K loop drops the last, partial tile" in msg
+    if not device.GPU_MODE:  # BLOCK_K = 16 in the interpreter
+        assert "product over the first 32 of K = 47" in msg and "partial tile of 15" in msg
 
 
 def test_flash_without_the_max_overflows(tmp_path):
@@ -197,7 +200,7 @@ def test_flash_without_the_rescale_is_caught_on_many_tiles(tmp_path):
     ns = _lab("04d", tmp_path, wrong)
     cases = grade.cases.flash_attention()
     msg = fails(grade.check, ns["flash_attention"], grade.refs.flash_attention, cases)
-    assert "case 'attention [1, 2, 77, 16] float32'" in msg  # the single-tile case passed
+    assert f"case '{cases[1].name}'" in msg  # the first case, a single tile, passed
     assert "rescale the old l and acc by alpha" in msg
 
 
@@ -230,7 +233,7 @@ def test_paged_gather_without_the_table_lookup(tmp_path):
     msg = fails(
         grade.check, ns["paged_gather"], grade.refs.paged_gather, grade.cases.paged_gather()
     )
-    assert "case 'paged gather n_kv=2 block=4 d=16 lens=[0, 1, 7, 8, 13] float32'" in msg
+    assert f"case '{grade.cases.paged_gather()[0].name}'" in msg
     assert "look the block up in the table" in msg
 
 
@@ -260,7 +263,7 @@ def test_int4_unpack_mistakes_are_named(tmp_path, edits, says):
         src = edit(src, old, new)
     ns = _lab("07a", tmp_path, src)
     msg = fails(grade.check, ns["int4_unpack"], grade.refs.int4_unpack, grade.cases.int4_unpack())
-    assert "case 'int4 unpack N=5 K=256 group=32'" in msg and says in msg
+    assert f"case '{grade.cases.int4_unpack()[0].name}'" in msg and says in msg
 
 
 _ARRIVE_LOAD_STORE = """

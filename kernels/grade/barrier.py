@@ -216,3 +216,54 @@ def check_grid_barrier(arrive, wait) -> int:
         where = "CPU interpreter: the race check needs a GPU"
     print(f"all {checks} barrier checks pass ({where})")
     return checks
+
+
+# ----------------------------------------------------------------------------- compile check
+
+# tests/test_compile.py compiles every kernel for sm_90 and sm_75. The grader's kernels take the
+# learner's helpers as constexpr arguments; these are the course's (kernels/megakernel.py's
+# barrier, in the exercise's two-function form), so the check covers what a GPU will compile.
+
+
+@triton.jit
+def _course_arrive(sync_ptr, n_programs):
+    gen = tl.atomic_add(sync_ptr + 1, 0, sem="acquire")
+    arrived = tl.atomic_add(sync_ptr, 1, sem="acq_rel")
+    last = arrived == n_programs - 1
+    tl.atomic_xchg(sync_ptr, 0, mask=last, sem="relaxed")
+    tl.atomic_add(sync_ptr + 1, 1, mask=last, sem="release")
+    return gen
+
+
+@triton.jit
+def _course_wait(sync_ptr, gen, max_polls):
+    polls = 0
+    while (tl.atomic_add(sync_ptr + 1, 0, sem="acquire") == gen) & (polls < max_polls):
+        polls += 1
+    return polls < max_polls
+
+
+_HELPERS = {"ARRIVE": _course_arrive, "WAIT": _course_wait}
+COMPILE_SPECS = [
+    dict(
+        kernel=_arrive_lanes_kernel,
+        signature={"sync_ptr": "*i32", "gens_ptr": "*i32", "n": "i32"},
+        constexprs={"N": 8, "ARRIVE": _course_arrive},
+    ),
+    dict(
+        kernel=_wait_kernel,
+        signature={"sync_ptr": "*i32", "ok_ptr": "*i32", "gen": "i32", "max_polls": "i32"},
+        constexprs={"WAIT": _course_wait},
+    ),
+    dict(
+        kernel=_one_program_kernel,
+        signature={"sync_ptr": "*i32", "ok_ptr": "*i32", "max_polls": "i32"},
+        constexprs={"ROUNDS": 3, **_HELPERS},
+    ),
+    dict(
+        kernel=_exchange_kernel,
+        signature={"buf_ptr": "*i32", "out_ptr": "*i32", "sync_ptr": "*i32",
+                   "timeout_ptr": "*i32", "n_programs": "i32", "max_polls": "i32"},
+        constexprs={"ROUNDS": 64, **_HELPERS},
+    ),
+]  # fmt: skip
