@@ -201,7 +201,10 @@ def _run(spec: dict, world: int) -> list[dict]:
 
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     if method == "forkserver":
-        multiprocessing.set_forkserver_preload(["torch", "torch.distributed", __name__])
+        # torch only: Python 3.11's fork server imports its preloads before it takes the parent's
+        # sys.path, so this module (found through a notebook's sys.path) is imported by each
+        # worker instead, after multiprocessing has given it the parent's path.
+        multiprocessing.set_forkserver_preload(["torch", "torch.distributed"])
     with tempfile.TemporaryDirectory() as out:
         try:
             mp.start_processes(
