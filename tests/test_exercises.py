@@ -29,6 +29,7 @@ LABS = {
     "06a": "06a-kv-cache-paged-attention",
     "07a": "07a-quantized-gemv",
     "08a": "08a-megakernel",
+    "09a": "09a-tree-inference",
 }
 
 
@@ -264,6 +265,13 @@ def test_int4_unpack_mistakes_are_named(tmp_path, edits, says):
     ns = _lab("07a", tmp_path, src)
     msg = fails(grade.check, ns["int4_unpack"], grade.refs.int4_unpack, grade.cases.int4_unpack())
     assert f"case '{grade.cases.int4_unpack()[0].name}'" in msg and says in msg
+
+
+def test_forest_walk_that_sends_ties_right(tmp_path):
+    sol = exercise("09a")["solution"]
+    ns = _lab("09a", tmp_path, edit(sol, "(x > thr)", "(x >= thr)"))
+    msg = fails(grade.check, ns["forest_predict"], grade.refs.forest, grade.cases.forest())
+    assert f"case '{grade.cases.forest()[0].name}'" in msg and "what >= gives" in msg
 
 
 _ARRIVE_LOAD_STORE = """

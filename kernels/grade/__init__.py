@@ -50,6 +50,8 @@ from kernels.grade.exercises import (
     bf16_round_ref,
     flash_attention_cases,
     flash_attention_ref,
+    forest_cases,
+    forest_ref,
     gelu_chain_cases,
     gelu_chain_ref,
     int4_unpack_cases,
@@ -70,6 +72,7 @@ cases = SimpleNamespace(
     flash_attention=flash_attention_cases,
     paged_gather=paged_gather_cases,
     int4_unpack=int4_unpack_cases,
+    forest=forest_cases,
 )
 
 #: The references the exercises are graded against, by the same names.
@@ -79,6 +82,7 @@ refs = SimpleNamespace(
     flash_attention=flash_attention_ref,
     paged_gather=paged_gather_ref,
     int4_unpack=int4_unpack_ref,
+    forest=forest_ref,
 )
 
 __all__ = [

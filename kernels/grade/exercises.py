@@ -12,7 +12,8 @@ One exercise per act (the notebook that holds it in brackets):
 - one ring all-reduce step (05a): ``kernels.grade.ring.check_ring_step``;
 - the paged-attention gather (06a): ``cases.paged_gather``, ``paged_gather_ref``;
 - int4 unpack (07a): ``cases.int4_unpack``, ``int4_unpack_ref``;
-- a grid barrier (08a): ``kernels.grade.barrier.check_grid_barrier``.
+- a grid barrier (08a): ``kernels.grade.barrier.check_grid_barrier``;
+- the side quest's tree walk (09a): ``cases.forest``, ``forest_ref``.
 
 References run on the float64 copies ``check`` gives them and never call the learner's code.
 """
@@ -426,6 +427,62 @@ def _int4_diagnose(out: torch.Tensor, ref: torch.Tensor, args: tuple) -> list[st
 
 
 _INT4 = dict(out_dtype=torch.float32, diagnose=_int4_diagnose)
+
+
+# ----------------------------------------------------------------------------- side quest: trees
+
+
+def forest_cases() -> list[Case]:
+    """Random complete trees whose thresholds are values of X itself, so some rows meet a split
+    exactly on its threshold (and must go left); row counts that are not a block multiple, one
+    row, depths 1 to 8."""
+    from kernels import trees
+
+    configs = device.pick(
+        [(10_000, 255, 8, 32), (4097, 33, 6, 7), (1, 3, 3, 4)],
+        [(77, 9, 1, 5), (100, 13, 6, 7), (1, 3, 3, 4)],
+    )
+    out = []
+    for i, (n, t, depth, f) in enumerate(configs):
+
+        def make(n=n, t=t, depth=depth, f=f, s=i):
+            x = _randn([n, f], torch.float32, s)
+            ens = trees.random_ensemble(t, depth, f, X=x, seed=s)
+            return x, ens.feature, ens.threshold, ens.leaf
+
+        name = f"forest rows={n} trees={t} depth={depth} features={f}"
+        out.append(Case(name, make, reduce_len=t, diagnose=_forest_diagnose))
+    return out
+
+
+def forest_ref(
+    x: torch.Tensor, feature: torch.Tensor, threshold: torch.Tensor, leaf: torch.Tensor
+) -> torch.Tensor:
+    """``kernels.trees.predict_ref``: each row's leaf in every tree (right when x > threshold),
+    the leaves summed in float64. ``x``, ``threshold`` and ``leaf`` arrive as float64 copies of
+    fp32 values: cast back, exactly."""
+    from kernels import trees
+
+    ens = trees.Ensemble(feature, threshold.float(), leaf.float(), 0.0, x.shape[1])
+    return trees.predict_ref(ens, x.float())
+
+
+def _forest_diagnose(out: torch.Tensor, ref: torch.Tensor, args: tuple) -> list[str]:
+    x, feature, threshold, leaf = args
+    n_internal = feature.shape[1]
+    depth = n_internal.bit_length()
+    tr = torch.arange(feature.shape[0], device=x.device)[None, :]
+    node = torch.zeros(x.shape[0], feature.shape[0], dtype=torch.long, device=x.device)
+    for _ in range(depth):
+        f = feature[tr, node].long()
+        node = 2 * node + 1 + (x.gather(1, f) >= threshold[tr, node]).long()
+    ge = leaf.double()[tr, node - n_internal].sum(dim=1)
+    if torch.allclose(out.double(), ge, rtol=1e-5, atol=1e-5):
+        return [
+            "your result is what >= gives: a row whose value equals the threshold goes left "
+            "(right only when x > threshold, as LightGBM's <= goes left)"
+        ]
+    return []
 
 
 # ----------------------------------------------------------------------------- score kinds
