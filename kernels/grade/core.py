@@ -1,26 +1,6 @@
-"""Grade your own kernel: is it right, and how close is it to what this GPU can do?
+"""The grader's core: ``Case``, ``check`` (is it right?) and ``score`` (how close to the roof?).
 
-Two steps, in this order::
-
-    from kernels import grade
-    from kernels.vector_add import add_ref
-
-    grade.check(my_add, add_ref, grade.cases.vector_add())   # raises AssertionError if wrong
-    s = grade.score(my_add, "vector_add")                    # prints a one-line verdict
-    s.plot()                                                 # your point on this GPU's roofline
-
-``check`` runs your function on every case of an exercise (odd sizes, every dtype the device has,
-inputs chosen to break the usual mistakes) and compares it with the reference, which it calls on
-float64 copies of the inputs. Tolerances follow the dtype (fp32 1e-5, fp16/bf16 1e-2 relative) and
-grow with the square root of the reduction length. On the first failing case it raises an
-``AssertionError`` that names the case, says where the largest error is, and gives a hint when the
-mistake has a recognisable shape (a wrong last block: a mask; NaN in whole rows: an overflow).
-
-``score`` times your function with ``kernels.bench.measure`` against the roof that bounds it (the
-copy bandwidth for memory-bound kinds, the matmul peak of the dtype for matmuls, both measured in
-this process), against PyTorch and against the course's own kernel. On a CPU (Triton's interpreter)
-it runs at tiny sizes and says that its numbers are not GPU numbers. ``score`` does not check
-results: run ``check`` first.
+See ``kernels.grade`` for how a learner calls them.
 """
 
 from __future__ import annotations
@@ -28,7 +8,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 
@@ -50,6 +29,16 @@ class Case:
     make: Callable[[], tuple]
     reduce_len: int = 1
     hint: str | None = None
+    #: The dtype the output must have; None: the first tensor input's (a kernel keeps its dtype).
+    out_dtype: torch.dtype | None = None
+    #: Bit-exact comparison (a rounding or an integer unpack has one right answer).
+    exact: bool = False
+    #: ``diagnose(out, ref, args) -> list[str]``: the exercise's own hints, from the pattern of the
+    #: wrong output (e.g. "this is what truncation gives"); called only when the case fails.
+    diagnose: Callable[[torch.Tensor, torch.Tensor, tuple], list[str]] | None = None
+    #: Replaces the absolute tolerance's factor (a fraction of max|ref|) where rounding that the
+    #: exercise prescribes exceeds fp32 accumulation error (e.g. attention's 16-bit P).
+    atol_factor: float | None = None
 
 
 def _randn(
@@ -129,12 +118,28 @@ def matmul_cases() -> list[Case]:
                 _randn([m, k], d, s),
                 _randn([k, n], d, s + 1),
             )
-            out.append(Case(f"matmul M={m} N={n} K={k} {_name(dtype)}", make, reduce_len=k))
+            name = f"matmul M={m} N={n} K={k} {_name(dtype)}"
+            out.append(Case(name, make, reduce_len=k, diagnose=_matmul_diagnose))
     return out
 
 
-#: Ready-made case sets: ``grade.cases.vector_add()``, ``.softmax()``, ``.matmul()``.
-cases = SimpleNamespace(vector_add=vector_add_cases, softmax=softmax_cases, matmul=matmul_cases)
+def _matmul_diagnose(out: torch.Tensor, ref: torch.Tensor, args: tuple) -> list[str]:
+    """Recognise a K loop that stops early: the output is A[:, :k] @ B[:k] for a tile multiple k."""
+    a, b = (t.double() for t in args[:2])
+    k = a.shape[1]
+    got = out.double()
+    for tile in (16, 32, 64, 128):
+        kk = k // tile * tile
+        if 0 < kk < k and torch.allclose(got, a[:, :kk] @ b[:kk], rtol=1e-2, atol=1e-2):
+            return [
+                f"your result is the product over the first {kk} of K = {k}: the K loop drops "
+                f"the last, partial tile of {k - kk}. Loop over range(0, K, BLOCK_K) and mask "
+                "the loads at K (other=0.0) instead"
+            ]
+    return []
+
+
+# The case sets are gathered, with the exercises', in ``kernels.grade.cases``.
 
 # ----------------------------------------------------------------------------- check
 
@@ -219,18 +224,27 @@ def _compare(out, ref: torch.Tensor, case: Case, args: tuple, atol, rtol) -> Non
     where = f"case '{case.name}' (inputs {_describe_args(args)})"
     if not isinstance(out, torch.Tensor):
         raise AssertionError(f"{where}: your function returned {type(out).__name__}, not a tensor")
-    want_dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)), out.dtype)
+    first = next((a.dtype for a in args if isinstance(a, torch.Tensor)), out.dtype)
+    want_dtype = case.out_dtype or first
     if out.shape != ref.shape:
         raise AssertionError(
             f"{where}: wrong shape: got {list(out.shape)}, expected {list(ref.shape)}"
         )
     if out.dtype != want_dtype:
         raise AssertionError(
-            f"{where}: wrong dtype: got {_name(out.dtype)}, expected {_name(want_dtype)} "
-            "(the inputs' dtype: compute in fp32, round once when you store)"
+            f"{where}: wrong dtype: got {_name(out.dtype)}, expected {_name(want_dtype)}"
+            + (
+                " (the inputs' dtype: compute in fp32, round once when you store)"
+                * (want_dtype == first)
+            )
         )
     atol_factor, default_rtol = tolerance(out.dtype, case.reduce_len)
+    if case.atol_factor is not None:
+        atol_factor = case.atol_factor
+    if case.exact:
+        atol_factor, default_rtol = 0.0, 0.0
     rtol = default_rtol if rtol is None else rtol
+    raw = out
     got = out.detach().to(torch.float64)  # compared where it lives: a GPU output can be large
     ref = ref.detach().to(device=got.device, dtype=torch.float64)
     finite = ref[torch.isfinite(ref)]
@@ -239,7 +253,7 @@ def _compare(out, ref: torch.Tensor, case: Case, args: tuple, atol, rtol) -> Non
     err = (got - ref).abs().nan_to_num(nan=math.inf)
     same = (got == ref) | (torch.isnan(got) & torch.isnan(ref))  # inf or NaN where it is expected
     err = torch.where(same, 0.0, err)
-    bad = ~(err <= atol + rtol * ref.abs())
+    bad = ~same & ~(err <= atol + rtol * ref.abs())  # 0 * inf is NaN: compare only the rest
     if not bad.any():
         return
     worst = _index(int(err.flatten().argmax()), got.shape)
@@ -255,7 +269,8 @@ def _compare(out, ref: torch.Tensor, case: Case, args: tuple, atol, rtol) -> Non
         f"  largest relative error {rel[worst_rel].item():.4g} at index {worst_rel}; "
         f"first wrong element at index {first}",
     ]
-    lines += [f"  hint: {h}" for h in _hints(got, ref, bad, rel, case)]
+    hints = list(case.diagnose(raw, ref, args)) if case.diagnose else []
+    lines += [f"  hint: {h}" for h in hints + _hints(got, ref, bad, rel, case)]
     raise AssertionError("\n".join(lines))
 
 
@@ -311,7 +326,9 @@ class Kind:
     bytes: Callable[[tuple], float]
     flops: Callable[[tuple], float]
     torch_op: Callable
-    course_op: Callable[[], Callable]  # imported when needed: the course kernel's module is heavy
+    # Imported when needed (the course kernel's module is heavy); may return None where the course
+    # has no kernel to compare with on this device.
+    course_op: Callable[[], Callable | None]
 
 
 def _course(module: str, name: str) -> Callable[[], Callable]:
@@ -465,7 +482,7 @@ def score(
     """Time ``fn(*args)`` against the roof of ``kind``, PyTorch and the course's kernel; print the
     verdict and return the Score.
 
-    ``kind`` is one of ``KINDS`` ("vector_add", "softmax", "matmul"); ``args`` default to the kind's
+    ``kind`` is one of ``KINDS`` ("vector_add", "softmax", "matmul", and the exercises'); ``args`` default to the kind's
     real sizes on a GPU (tiny ones on a CPU). ``baseline`` replaces the PyTorch op and ``course``
     the course's kernel, for an exercise whose reference is another function.
     """
@@ -484,7 +501,7 @@ def score(
     course_fn = course or spec.course_op()
     mine = bench.measure(lambda: fn(*args), **work)
     base = bench.measure(lambda: torch_fn(*args), **work)
-    ours = bench.measure(lambda: course_fn(*args), **work)
+    ours = None if course_fn is None else bench.measure(lambda: course_fn(*args), **work)
     result = Score(kind, roof, mine, base, ours, work["flops"], work["bytes"], dtype)
     print(result.verdict)
     return result
