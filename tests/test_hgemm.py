@@ -304,3 +304,13 @@ def test_hgemm_benchmark_is_registered_and_skips_without_hopper(capsys):
         pytest.skip("on Hopper the benchmark times for real (scripts/gpu/hgemm_probe.py)")
     assert bench.BENCHMARKS["hgemm"](True) == []
     assert "hgemm skipped" in capsys.readouterr().out
+
+
+def test_the_benchmark_refuses_to_time_a_wrong_step():
+    ref = torch.randn(33, 17)
+    assert ladder._hgemm_rel_error(ref.to(bf16), ref) < ladder.HGEMM_BENCH_TOLERANCE
+    wrong = ref.clone()
+    wrong[:, 16:] = 0  # one wrong column block, as a broken multicast half or edge store would give
+    assert not ladder._hgemm_rel_error(wrong.to(bf16), ref) < ladder.HGEMM_BENCH_TOLERANCE
+    wrong[0, 0] = float("nan")
+    assert ladder._hgemm_rel_error(wrong.to(bf16), ref) == float("inf")

@@ -20,9 +20,9 @@
 //    loads half of it (128 rows) ONCE from L2 and the copy engine writes it into both CTAs' shared
 //    memory (cp.async.bulk.tensor ... .multicast::cluster, CTA mask 0b11), at the same offset, and
 //    signals both CTAs' full barriers. Per k-step a CTA asks L2 for 16 KB of A + 16 KB of B instead
-//    of 16 + 32 KB: a third less L2 -> SM traffic for the same 4.2 MFLOP. At the per-SM peak (7.5
-//    TFLOP/s = 989.4 / 132, nvidia2022hopperwhitepaper) a k-step is 0.56 us, so 132 SMs need
-//    132 x 48 KB / 0.56 us = 11.3 TB/s from L2 in step 11 and 7.5 TB/s here.
+//    of 16 + 32 KB: a third less L2 -> SM traffic for the same 4.2 MFLOP. At the dense bf16 peak
+//    (989.4 TFLOP/s, nvidia2022hopperwhitepaper) that is 49152 B / 4.19 MFLOP x 989.4 TFLOP/s = 11.6
+//    TB/s from L2 to the SMs in step 11, and 7.7 TB/s here.
 //  - Store epilogue through TMA. Step 11's threads wrote C with 4-byte stores straight from the
 //    accumulator fragments (8 rows x 16 bytes per warp instruction). Here each consumer writes its
 //    64 x 256 bf16 fragment into a 128-byte-swizzled staging buffer in shared memory (conflict-free:
