@@ -63,8 +63,10 @@
 // Registers and shared memory as step 11: 384 threads capped at 168 registers at entry, setmaxnreg
 // 40 / 232; 4 x 48 KB ring + 2 x 16 KB staging + 1 KB alignment slack + 64 B of barriers = 225 KB.
 //
-// Odd shapes: TMA zero-fills loads past M, N, K (full boxes still count their bytes, also a box
-// wholly outside the matrix: the second CTA of a cluster when M <= 128) and clips stores at M and N.
+// Odd shapes: TMA zero-fills loads past M, N, K (full boxes still count their bytes) and clips stores
+// at M and N. The last cluster tile can reach wholly past M or N (the second CTA's rows when M % 256
+// is 1..128, the second B half when N % 256 is 1..128): such loads start on the last row instead
+// (their results fall outside C) and such stores are skipped, so TMA only ever sees partial boxes.
 // C's row pitch must be a multiple of 16 bytes for the TMA store: the binding allocates C with its
 // pitch rounded up to 8 columns and returns the first N (a copy only when N % 8 != 0). K a multiple
 // of 8 (padded by the Python side), as in steps 10-11.
@@ -147,8 +149,8 @@ __device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity)
 
 // tma_load_2d, but the box lands at offset `dst` in the shared memory of every CTA in `mask` and
 // completes its bytes on the mbarrier at offset `bar` in each of them.
-__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar,
-                                                      int c0, int c1, uint16_t mask) {
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map,
+                                                      uint32_t bar, int c0, int c1, uint16_t mask) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
@@ -158,12 +160,15 @@ __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtens
 // One box of shared memory at `src` to global memory at element coordinates (c0, c1) of `map`;
 // elements outside the matrix are not written. Completion is tracked per thread in bulk groups.
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(src), "r"(c0), "r"(c1)
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1)
+      : "memory");
 }
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
 // Wait until at most N of this thread's bulk groups are still READING shared memory (their global
 // writes may still be in flight): the staging buffer may then be overwritten.
 template <int N>
@@ -213,7 +218,8 @@ __global__ void __cluster_dims__(hg12::CLUSTER, 1, 1) __launch_bounds__(hg12::NT
   const int tiles_m = HG_CEIL_DIV(M, CLUSTER * BM), tiles_n = HG_CEIL_DIV(N, BN);
   const int n_tiles = tiles_m * tiles_n;
   const int rank = static_cast<int>(cluster_ctarank());
-  const int first_tile = static_cast<int>(cluster_id_x()), tile_step = static_cast<int>(cluster_count_x());
+  const int first_tile = static_cast<int>(cluster_id_x());    // tiles first_tile, + tile_step, ...
+  const int tile_step = static_cast<int>(cluster_count_x());  // (the same in both CTAs)
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -235,6 +241,12 @@ __global__ void __cluster_dims__(hg12::CLUSTER, 1, 1) __launch_bounds__(hg12::NT
         int tm, tn;
         cluster_tile(t, tiles_m, tiles_n, tm, tn);
         const int m0 = (tm * CLUSTER + rank) * BM, n0 = tn * BN;
+        // Box origins kept inside the matrix: in the last tile row or column the second CTA's A
+        // rows (M % 256 in 1..128) or the second B half (N % 256 in 1..128) lie wholly outside it.
+        // Starting such a box on the last row keeps every load a partial box (the zero-filled edge
+        // case steps 10-11 rely on); what it computes lands in rows or columns >= M or N, which the
+        // epilogue never stores.
+        const int a_row = min(m0, M - 1), b_row = min(n0 + rank * B_ROWS, N - 1);
         for (int kt = 0; kt < KT; ++kt, ++it) {
           const int s = it % STAGES;
           // Refill n = it / STAGES >= 1 of slot s needs fill n - 1 released by the consumers of
@@ -242,8 +254,8 @@ __global__ void __cluster_dims__(hg12::CLUSTER, 1, 1) __launch_bounds__(hg12::NT
           if (it >= STAGES) mbar_wait_cluster(empty + 8 * s, (it / STAGES - 1) & 1);
           const uint32_t bar = full + 8 * s, a = tiles + s * STAGE;
           mbar_arrive_expect_tx(bar, STAGE);  // A + both halves of B land on this barrier
-          tma_load_2d(a, &map_a, bar, kt * BK, m0);
-          tma_load_2d_multicast(a + TILE_A + rank * B_HALF, &map_b, bar, kt * BK, n0 + rank * B_ROWS,
+          tma_load_2d(a, &map_a, bar, kt * BK, a_row);
+          tma_load_2d_multicast(a + TILE_A + rank * B_HALF, &map_b, bar, kt * BK, b_row,
                                 static_cast<uint16_t>((1 << CLUSTER) - 1));
         }
       }
@@ -303,9 +315,13 @@ __global__ void __cluster_dims__(hg12::CLUSTER, 1, 1) __launch_bounds__(hg12::NT
         fence_proxy_async();  // generic-proxy stores -> async-proxy (TMA) reads
         named_sync(1 + c, 128);
         if (leader) {
+          const int row0 = m0 + 64 * c;
 #pragma unroll
-          for (int b = 0; b < EPI_N / 64; ++b)
-            tma_store_2d(&map_c, my_staging + b * C_BOX, n0 + r * EPI_N + 64 * b, m0 + 64 * c);
+          for (int b = 0; b < EPI_N / 64; ++b) {
+            const int col0 = n0 + r * EPI_N + 64 * b;
+            if (row0 < M && col0 < N)  // boxes wholly outside C are not issued; TMA clips the rest
+              tma_store_2d(&map_c, my_staging + b * C_BOX, col0, row0);
+          }
           bulk_commit();
         }
       }
