@@ -11,10 +11,10 @@ costs time, so benchmarks use tile-multiple sizes and the padding is only for co
 
 The Hopper rungs (``hgemm(a, b, step=9..12)``: bf16 in, fp32 accumulate, bf16 out) continue the
 ladder on the tensor cores with ``wgmma``, TMA, warp specialisation and, in step 12, a persistent
-kernel in clusters that multicast their shared operand and store through TMA. They are built as their own
-extension for ``sm_90a`` only (``hgemm_common.cuh``, ``hgemm_09_wgmma.cu`` ...), so the SGEMM ladder
-above still builds and runs on any CUDA GPU; on a GPU that is not Hopper ``hgemm`` raises
-``RuntimeError`` saying it needs Hopper.
+kernel in clusters that multicast their shared operand and store through TMA. They are built as
+their own extension for ``sm_90a`` only (``hgemm_common.cuh``, ``hgemm_09_wgmma.cu`` ...), so the
+SGEMM ladder above still builds and runs on any CUDA GPU; on a GPU that is not Hopper ``hgemm``
+raises ``RuntimeError`` saying it needs Hopper.
 """
 
 from __future__ import annotations
