@@ -193,13 +193,24 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
 
 // Cluster tile t (of tiles_m x tiles_n tiles of CLUSTER*BM x BN) -> its row tm and column tn, in
 // grouped order: GROUP_M tile rows are walked down a column before moving right (kernels/matmul.py's
-// _tile_coords), so the clusters working at the same time share panels of A and B in L2.
-__device__ __forceinline__ void cluster_tile(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+// _tile_coords), so the clusters working at the same time share panels of A and B in L2. Host and
+// device: tests/test_hgemm.py runs it on the CPU (every tile once, the span of a wave).
+__host__ __device__ __forceinline__ void cluster_tile(int t, int tiles_m, int tiles_n, int& tm,
+                                                      int& tn) {
   const int per_group = GROUP_M * tiles_n;
   const int first_m = (t / per_group) * GROUP_M;
   const int rows = min(tiles_m - first_m, GROUP_M);
   tm = first_m + (t % per_group) % rows;
   tn = (t % per_group) / rows;
+}
+
+// Byte offset in a consumer's staging buffer of the bf16 pair that lane `lane` holds for 8-column
+// block j (0 .. EPI_N / 8 - 1) of this round, fragment row `row` (0-63): 64-column boxes of
+// 128-byte rows, each in TMA's SWIZZLE_128B layout (16-byte chunk j % 8 of row r at chunk
+// (j % 8) ^ (r % 8)). A warp's 32 stores of one (j, h) hit 32 different banks; tests/test_hgemm.py
+// checks that on the CPU, and that one round writes every word of the buffer exactly once.
+__host__ __device__ __forceinline__ uint32_t staging_offset(int row, int j, int lane) {
+  return static_cast<uint32_t>((j / 8) * C_BOX) + swizzle_128b(row, j % 8) + 4 * (lane % 4);
 }
 }  // namespace hg12
 
@@ -303,13 +314,11 @@ __global__ void __cluster_dims__(hg12::CLUSTER, 1, 1) __launch_bounds__(hg12::NT
 #pragma unroll
         for (int j = 0; j < EPI_N / 8; ++j) {  // 8-column blocks of this round
           const int jj = r * (EPI_N / 8) + j;   // ... and of the whole fragment (store_fragment's j)
-          const uint32_t box = my_staging + (j / 8) * C_BOX;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int row = warp * 16 + lane / 4 + 8 * h;  // row in the consumer's 64
             __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * jj + 2 * h], acc[4 * jj + 2 * h + 1]);
-            st_shared_b32(box + swizzle_128b(row, j % 8) + 4 * (lane % 4),
-                          *reinterpret_cast<uint32_t*>(&v));
+            st_shared_b32(my_staging + staging_offset(row, j, lane), *reinterpret_cast<uint32_t*>(&v));
           }
         }
         fence_proxy_async();  // generic-proxy stores -> async-proxy (TMA) reads

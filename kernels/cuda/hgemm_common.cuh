@@ -49,7 +49,7 @@ __device__ __forceinline__ uint32_t smem_base_1024(const void* dynamic_smem) {
 // 16-byte chunk `chunk` (0-7) of row `row` is stored at chunk index chunk ^ (row % 8). Eight
 // consecutive rows therefore put their chunk 0 in eight different 16-byte bank groups, which is what
 // lets the tensor cores read an 8x16-byte core matrix (8 rows, same k) without bank conflicts.
-__device__ __forceinline__ uint32_t swizzle_128b(int row, int chunk) {
+__host__ __device__ __forceinline__ uint32_t swizzle_128b(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
