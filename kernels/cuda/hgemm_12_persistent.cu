@@ -77,7 +77,8 @@
 // 5000, 2177 x 4104 x 72: the cross-tile phases); (3) the multicast (a wrong mask, offset or byte
 // count shows as the second 128 columns of each 256 wrong, or a hang); (4) the TMA store (N % 8 != 0
 // shapes: the padded pitch and the clipping; the swizzled staging layout matches the store map's
-// SWIZZLE_128B); (5) compute-sanitizer synccheck/racecheck on a small shape.
+// SWIZZLE_128B); (5) compute-sanitizer memcheck and synccheck (hgemm_probe.py --sanitize). The
+// tile order and the staging addresses are already checked on the CPU (tests/test_hgemm.py).
 
 namespace hg12 {
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2, NT = 128 * (1 + CONSUMERS);
