@@ -9,11 +9,12 @@ raises ``RuntimeError`` with one line saying so (notebooks print it and move on)
 Steps 4-8 use tiles that must divide the matrix: other shapes are zero-padded here (a copy that
 costs time, so benchmarks use tile-multiple sizes and the padding is only for correctness).
 
-The Hopper rungs (``hgemm(a, b, step=9..11)``: bf16 in, fp32 accumulate, bf16 out) continue the
-ladder on the tensor cores with ``wgmma``, TMA and warp specialisation. They are built as their own
-extension for ``sm_90a`` only (``hgemm_common.cuh``, ``hgemm_09_wgmma.cu`` ...), so the SGEMM ladder
-above still builds and runs on any CUDA GPU; on a GPU that is not Hopper ``hgemm`` raises
-``RuntimeError`` saying it needs Hopper.
+The Hopper rungs (``hgemm(a, b, step=9..12)``: bf16 in, fp32 accumulate, bf16 out) continue the
+ladder on the tensor cores with ``wgmma``, TMA, warp specialisation and, in step 12, a persistent
+kernel in clusters that multicast their shared operand and store through TMA. They are built as
+their own extension for ``sm_90a`` only (``hgemm_common.cuh``, ``hgemm_09_wgmma.cu`` ...), so the
+SGEMM ladder above still builds and runs on any CUDA GPU; on a GPU that is not Hopper ``hgemm``
+raises ``RuntimeError`` saying it needs Hopper.
 """
 
 from __future__ import annotations
@@ -237,6 +238,7 @@ HGEMM_SOURCES = [
     "hgemm_09_wgmma.cu",
     "hgemm_10_tma.cu",
     "hgemm_11_warpspec.cu",
+    "hgemm_12_persistent.cu",
 ]
 # The block tile (BM, BN, BK) of each step, for reading, not for padding: M and N need no multiple
 # (TMA zero-fills / loads are predicated), K is padded to a multiple of HGEMM_K_ALIGN only.
@@ -246,7 +248,18 @@ HGEMM_STEPS = {
     11: Step(
         11, "warp-specialised", (128, 256, 64), "TMA producer + 2 wgmma consumers, setmaxnreg"
     ),
+    12: Step(
+        12,
+        "persistent",
+        (128, 256, 64),
+        "persistent grouped tiles, 2-CTA clusters multicasting B, TMA-store epilogue",
+    ),
 }
+# The step ``hgemm`` runs by default. Not the highest: step 12 adds clusters, multicast and a TMA
+# store on top of step 11, so it stays opt-in until it has passed the GPU tests and
+# scripts/gpu/hgemm_probe.py on an H100 (steps 9-12 were all written and compile-checked for sm_90a
+# without a GPU). Then this becomes 12.
+HGEMM_DEFAULT_STEP = 11
 # wgmma and setmaxnreg exist only in the architecture-specific sm_90a target (HOPPER.md: the
 # -gencode form, not -arch=sm_90a).
 HGEMM_ARCH_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a",)
@@ -311,14 +324,19 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def hgemm(a: torch.Tensor, b: torch.Tensor, step: int = max(HGEMM_STEPS)) -> torch.Tensor:
-    """``a @ b`` for bf16 ``a[M, K]``, ``b[K, N]`` on Hopper with ladder step ``step`` (9-11):
+def hgemm(a: torch.Tensor, b: torch.Tensor, step: int = HGEMM_DEFAULT_STEP) -> torch.Tensor:
+    """``a @ b`` for bf16 ``a[M, K]``, ``b[K, N]`` on Hopper with ladder step ``step`` (9-12):
     fp32 accumulation in the tensor cores, the result rounded once to bf16 ``[M, N]``.
+
+    The default is step 11 (``HGEMM_DEFAULT_STEP``), not 12: step 12 (persistent, clustered, TMA
+    multicast and TMA store) has only been compiled for sm_90a so far and becomes the default once
+    it has passed the GPU tests on an H100.
 
     ``b`` may be contiguous (it is transposed once, a copy of ``K * N`` elements) or, at no cost, the
     transpose of a contiguous ``[N, K]`` tensor: the kernels read B as ``Bt[N, K]`` (K-major, what
     ``wgmma`` takes without transposing). Any M and N: edge tiles are predicated (step 9) or
-    zero-filled by TMA (steps 10-11). K is zero-padded to a multiple of 8 when it is not one.
+    zero-filled by TMA (steps 10-12; step 12's TMA store clips the output at M and N). K is
+    zero-padded to a multiple of 8 when it is not one.
     """
     _validate.tensor("a", a, dtypes=(torch.bfloat16,), ndim=2)
     if not isinstance(b, torch.Tensor):
@@ -357,6 +375,19 @@ def hgemm_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """fp32 reference of ``hgemm``: the bf16 inputs are exact in fp64, the product is rounded once to
     fp32 (computed in fp64 so no TF32 setting can change it)."""
     return (a.double() @ b.double()).float()
+
+
+# Relative Frobenius error above which the benchmark refuses to time a step: bf16 rounding of the
+# output alone is ~2^-9 relative; a wrong tile, swizzle or barrier phase gives O(1).
+HGEMM_BENCH_TOLERANCE = 1e-2
+
+
+def _hgemm_rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp32 (inf when out is not finite)."""
+    out = out.float()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out - ref).norm() / ref.norm()).item()
 
 
 def _register_benchmark():
@@ -410,7 +441,13 @@ def _register_benchmark():
             recs.append(
                 bench.record("hgemm", "cublas", (m, n, k), "bfloat16", cublas, ceiling=ceiling)
             )
+            ref = hgemm_ref(a, b)
             for step, info in HGEMM_STEPS.items():
+                # Checked before it is timed: a step that computes the wrong thing gets no record.
+                err = _hgemm_rel_error(hgemm(a, b, step), ref)
+                if not err < HGEMM_BENCH_TOLERANCE:
+                    print(f"hgemm step {step} not timed at {m}x{n}x{k}: relative error {err:.3g}")
+                    continue
                 t = bench.measure(lambda a=a, b=b, s=step: hgemm(a, b, s), flops=flops)
                 variant = f"step{step}-{info.name.replace(' ', '-')}"
                 recs.append(

@@ -16,7 +16,10 @@ torch::Tensor hgemm(torch::Tensor a, torch::Tensor bt, int64_t step) {
               "a and bt must be 16-byte aligned");
   const c10::cuda::OptionalCUDAGuard guard(a.device());
   const int M = a.size(0), K = a.size(1), N = bt.size(0);
-  auto c = torch::empty({M, N}, a.options());
+  // Step 12 stores C with TMA, which needs a row pitch of a multiple of 16 bytes: C gets a pitch of
+  // N rounded up to 8 columns, and the first N columns are returned (copied only when N % 8 != 0).
+  const int ldc = step == 12 ? (N + 7) / 8 * 8 : N;
+  auto c = torch::empty({M, ldc}, a.options());
   const bf16* A = reinterpret_cast<const bf16*>(a.data_ptr());
   const bf16* Bt = reinterpret_cast<const bf16*>(bt.data_ptr());
   bf16* C = reinterpret_cast<bf16*>(c.data_ptr());
@@ -26,9 +29,10 @@ torch::Tensor hgemm(torch::Tensor a, torch::Tensor bt, int64_t step) {
     case 9: info = hgemm_09(M, N, K, A, Bt, C, s); break;
     case 10: info = hgemm_10(M, N, K, A, Bt, C, s); break;
     case 11: info = hgemm_11(M, N, K, A, Bt, C, s); break;
-    default: TORCH_CHECK(false, "step must be 9..11, got ", step);
+    case 12: info = hgemm_12(M, N, K, A, Bt, C, ldc, s); break;
+    default: TORCH_CHECK(false, "step must be 9..12, got ", step);
   }
   TORCH_CHECK(info.error == nullptr, "hgemm step ", step, ": ", info.error ? info.error : "");
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return c;
+  return ldc == N ? c : c.narrow(1, 0, N).contiguous();
 }

@@ -1,4 +1,4 @@
-// Shared by every step of the Hopper ladder (steps 9-11): C[M, N] = A[M, K] @ B[K, N] with bf16 inputs,
+// Shared by every step of the Hopper ladder (steps 9-12): C[M, N] = A[M, K] @ B[K, N] with bf16 inputs,
 // fp32 accumulation and a bf16 result. kernels/cuda/__init__.py concatenates this header and the step
 // files in order and builds them, separately from the SGEMM ladder, for sm_90a only: wgmma and
 // setmaxnreg exist on no other target (the "a" is for architecture-specific features that later
@@ -11,7 +11,8 @@
 //
 // Shared-memory tiles are BK = 64 bf16 wide: one row of a tile is exactly 128 bytes, the span of the
 // 128-byte swizzle. Each step defines its kernel(s) and a host launcher
-// `hgemm_NN(M, N, K, A, Bt, C, stream)` returning the launch it made.
+// `hgemm_NN(M, N, K, A, Bt, C, stream)` returning the launch it made (step 12 also takes C's row
+// pitch: its TMA store needs one of a multiple of 16 bytes).
 #include <cuda.h>          // CUtensorMap and its enums: types only, nothing from libcuda is linked
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled, the driver function's type
 #include <cuda_bf16.h>
@@ -48,7 +49,7 @@ __device__ __forceinline__ uint32_t smem_base_1024(const void* dynamic_smem) {
 // 16-byte chunk `chunk` (0-7) of row `row` is stored at chunk index chunk ^ (row % 8). Eight
 // consecutive rows therefore put their chunk 0 in eight different 16-byte bank groups, which is what
 // lets the tensor cores read an 8x16-byte core matrix (8 rows, same k) without bank conflicts.
-__device__ __forceinline__ uint32_t swizzle_128b(int row, int chunk) {
+__host__ __device__ __forceinline__ uint32_t swizzle_128b(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
@@ -275,14 +276,16 @@ static PFN_cuTensorMapEncodeTiled_v12000 hgemm_encode_tiled() {
 
 // The tensor map of a row-major bf16 matrix [rows, cols] read in boxes of box_rows x 64 columns
 // (64 bf16 = 128 bytes, the widest box the 128-byte swizzle allows) written to shared memory with
-// the 128-byte swizzle. Needs cols % 8 == 0 (row pitch a multiple of 16 bytes) and a 16-byte aligned
-// base; out-of-bounds elements read as zero (OOB_FILL_NONE).
+// the 128-byte swizzle. Needs a row pitch of a multiple of 16 bytes (cols % 8 == 0, or a padded
+// pitch `ld` >= cols with ld % 8 == 0: step 12's output) and a 16-byte aligned base; out-of-bounds
+// elements read as zero (OOB_FILL_NONE) and are not written by a TMA store (step 12).
 static const char* hgemm_tensor_map(CUtensorMap* map, const bf16* ptr, int rows, int cols,
-                                    int box_rows) {
+                                    int box_rows, int ld = 0) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = hgemm_encode_tiled();
   if (encode == nullptr) return "cuTensorMapEncodeTiled not found (driver too old for CUDA 12 TMA?)";
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * sizeof(bf16)};  // bytes, dim 1
+  const cuuint64_t pitch = static_cast<cuuint64_t>(ld > 0 ? ld : cols);
+  const cuuint64_t strides[1] = {pitch * sizeof(bf16)};  // bytes, dim 1
   const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult rc =

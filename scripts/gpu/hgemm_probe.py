@@ -3,20 +3,25 @@ correctness at odd shapes, then timings against cuBLAS. Written before any of it
 is defensive: every step is first checked in a child process with a timeout (a wrong mbarrier parity
 hangs the GPU instead of failing), and only steps that passed are timed.
 
-    PYTHONUNBUFFERED=1 python scripts/gpu/hgemm_probe.py [--sanitize] [--ncu] [--tests] [--steps 9 10 11]
+    PYTHONUNBUFFERED=1 python scripts/gpu/hgemm_probe.py [--sanitize] [--ncu] [--tests] [--steps 9 10 11 12]
 
 1. build the extension (sm_90a) and report the time;
 2. ``cuobjdump -sass`` of the built .so: per kernel the counts of HGMMA (wgmma), UTMALDG (TMA
    loads), LDGSTS (cp.async), SYNCS (mbarrier operations), and LDL/STL (local memory: should be 0);
-   a step whose SASS lacks its instruction did not get its idea;
+   step 12's kernel also UTMASTG (TMA store), MULTICAST (UTMALDG.2D.MULTICAST) and UCGABAR_ARV
+   (barrier.cluster); a step whose SASS lacks its instruction did not get its idea;
 3. per step, in a child with a timeout: hgemm against hgemm_ref at odd shapes, both layouts of B;
-   on failure, a diagnosis with identity operands (which rows / columns came out permuted);
+   on failure, the wrong 128 x 128 blocks of the output (step 12: a multicast mistake shows in the
+   second 128 columns of every 256, a store mistake at the M / N edges) and a diagnosis with
+   identity operands (which rows / columns came out permuted);
    ``--sanitize`` runs the same check under compute-sanitizer memcheck and synccheck;
 4. TFLOP/s of cuBLAS (torch.matmul) and each passing step at 4096^3, 8192^3 and 4000 x 3000 x 5000
    (B as the transpose of a contiguous [N, K] tensor: no copy on either side), as a fraction of
    cuBLAS and of the measured bf16 matmul peak (kernels.roofline.matmul_peak);
-5. ``--ncu``: Nsight Compute sections SpeedOfLight, ComputeWorkloadAnalysis and WarpStateStats of
-   each passing step at 4096^3 (one launch), a few headline rows printed, the CSV kept;
+5. ``--ncu``: Nsight Compute sections SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats and
+   LaunchStats of each passing step at 4096^3 (one launch), a few headline rows printed (step 12's
+   grid and cluster size among them: the clusters cudaOccupancyMaxActiveClusters allowed), the CSV
+   kept;
 6. ``--tests``: the GPU tests of tests/test_hgemm.py.
 
 Writes $OUT/hgemm_probe.json, $OUT/hgemm_sass/<kernel>.sass and $OUT/hgemm_ncu_step<N>.csv when OUT
@@ -44,12 +49,21 @@ from kernels import bench, device, roofline  # noqa: E402
 from kernels import cuda as ladder  # noqa: E402
 
 CHECK_SHAPES = [(1, 1, 8), (127, 255, 64), (64, 8, 200), (129, 257, 100), (1000, 1000, 1000),
-                (4000, 3000, 5000)]  # fmt: skip
+                (4000, 3000, 5000), (2177, 4104, 72)]  # fmt: skip
 TIME_SHAPES = ladder.HGEMM_BENCH_SHAPES
-NCU_SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats"]
+NCU_SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "LaunchStats"]
 NCU_ROWS = ["Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput",
-            "Executed Ipc Active", "Warp Cycles Per Issued Instruction", "Registers Per Thread"]  # fmt: skip
-SASS_OPS = ["HGMMA", "UTMALDG", "LDGSTS", "SYNCS", "WARPGROUP", "LDL", "STL"]
+            "Executed Ipc Active", "Warp Cycles Per Issued Instruction", "Registers Per Thread",
+            "Grid Size", "Cluster Size", "Waves Per SM", "Dynamic Shared Memory Per Block"]  # fmt: skip
+SASS_OPS = ["HGMMA", "UTMALDG", "UTMASTG", "MULTICAST", "UCGABAR_ARV", "LDGSTS", "SYNCS",
+            "WARPGROUP", "LDL", "STL"]  # fmt: skip
+# What each kernel's SASS must contain (at least once), by a part of its name.
+SASS_WANT = {
+    "wgmma": ["HGMMA", "LDGSTS"],
+    "tma": ["HGMMA", "UTMALDG"],
+    "warpspec": ["HGMMA", "UTMALDG"],
+    "persistent": ["HGMMA", "UTMALDG", "MULTICAST", "UTMASTG", "UCGABAR_ARV"],
+}
 OUT = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
 
 
@@ -83,6 +97,23 @@ def diagnose(step: int) -> dict:
     return report
 
 
+def bad_blocks(out: torch.Tensor, ref: torch.Tensor, block: int = 128) -> list[list[int]]:
+    """[row block, column block] of the block x block pieces of the output with an error over the
+    bound (at most 16): where a wrong tile index, multicast half or edge store shows."""
+    out = out.float()
+    bound = 2**-7 * ref.abs() + 1e-3 * ref.abs().max()
+    bad = ((out - ref).abs() > bound) | ~torch.isfinite(out)
+    m, n = bad.shape
+    found = []
+    for i in range(0, m, block):
+        for j in range(0, n, block):
+            if bad[i : i + block, j : j + block].any():
+                found.append([i // block, j // block])
+                if len(found) == 16:
+                    return found
+    return found
+
+
 def check_step(step: int) -> dict:
     """Run in a child process: correctness of one step at every CHECK_SHAPES case."""
     torch.manual_seed(0)
@@ -94,10 +125,13 @@ def check_step(step: int) -> dict:
         for layout, b in (("w.t()", w.t()), ("row-major", w.t().contiguous())):
             out = ladder.hgemm(a, b, step)
             torch.cuda.synchronize()
-            ratio, rel = _bound_ratio(out, ladder.hgemm_ref(a, b))
+            ref = ladder.hgemm_ref(a, b)
+            ratio, rel = _bound_ratio(out, ref)
             good = ratio <= 1 and rel < 1e-2
             ok &= good
             rows.append({"shape": [m, n, k], "b": layout, "ratio": ratio, "rel": rel, "ok": good})
+            if not good:
+                rows[-1]["bad_blocks"] = bad_blocks(out, ref)
     result = {"step": step, "ok": ok, "cases": rows}
     if not ok:
         result["diagnosis"] = diagnose(step)
@@ -229,8 +263,8 @@ def main() -> int:
     for kernel, ops in report["sass"].items():
         if not isinstance(ops, dict):
             continue
-        want = {"HGMMA": 1} | ({"UTMALDG": 1} if "wgmma" not in kernel else {"LDGSTS": 1})
-        missing = [op for op, n in want.items() if ops[op] < n]
+        want = next((w for part, w in SASS_WANT.items() if part in kernel), ["HGMMA"])
+        missing = [op for op in want if ops[op] < 1]
         if missing or ops["LDL"] or ops["STL"]:
             print(
                 f"WARNING {kernel}: missing {missing}, local memory LDL {ops['LDL']} STL {ops['STL']}"
