@@ -32,7 +32,7 @@ be captured in a CUDA graph.
 ``mla_decode_eager`` is the absorbed form a user would write in PyTorch (gather, two matmuls, a
 softmax); ``mla_decode_naive`` re-expands the latents into per-head keys and values and calls SDPA,
 the form of the model's definition. ``mla_decode_bytes`` / ``mla_decode_flops`` and the
-``*_cache_bytes_per_token`` helpers are the napkin math of the chapter (6.3).
+``*_cache_bytes_per_token`` helpers are the napkin math of page 6.4.
 """
 
 from __future__ import annotations
