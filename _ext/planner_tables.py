@@ -1,4 +1,4 @@
-"""The planner's tables, computed at build time by ``kernels/planner.py`` (page 5.4).
+"""The planner's tables, computed at build time by ``kernels/planner.py`` (page 5.5).
 
 ``planner-validation``: the planner's prediction of every measured Act 5 DDP/FSDP step next to the
 measurement (``planner.validate`` over ``results/nvidia-h200.jsonl``), with the calibrated MFU.

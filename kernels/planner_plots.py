@@ -1,4 +1,4 @@
-"""The planner's scaling table as a figure (page 5.4): where each GPU's memory and each step's time go.
+"""The planner's scaling table as a figure (page 5.5): where each GPU's memory and each step's time go.
 
 ``scaling_series(rows)`` turns ``planner.scaling_table`` rows into plain numbers (pure, tested);
 ``draw_scaling(rows)`` draws them in two panels sharing one row per (model, GPU count): memory per
