@@ -62,7 +62,8 @@ GROUP_M = 8
 MAX_EXPERTS = 4096  # the offsets vector each program holds in registers
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). A 128 x 256 tile with two fp32 accumulators
-# (SWIGLU) would need 128 KB of registers per program: pruned for the fused kernel.
+# (SWIGLU) would need 2 x 128 KB = 256 KB of registers per program, an SM's whole register file:
+# pruned for the fused kernel.
 _GPU_CONFIGS = [
     (128, 128, 64, 8, 4),
     (128, 256, 64, 8, 3),
@@ -586,10 +587,10 @@ def grouped_matmul_loop(x_sorted, weights, offsets, trans_b: bool = False) -> to
 def torch_grouped_mm_available(dev: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether ``torch._grouped_mm`` exists in this PyTorch and runs on ``dev`` in ``dtype``.
 
-    The private op ``torch._grouped_mm`` (2-D x 3-D with int32 end offsets) appeared in the
-    PyTorch 2.8 series for CUDA bf16 on Hopper; ``torch.nn.functional.grouped_mm`` is its public
-    name since pytorch/pytorch#168298 (late 2025). This course's CPU build (2.13) has both and runs
-    them on the CPU in bf16 and fp32; which GPUs and dtypes a build supports varies, so we ask it.
+    ``torch._grouped_mm`` is a private op (2-D x 3-D with int32 end offsets);
+    ``torch.nn.functional.grouped_mm`` is its public name. This course's CPU build (2.13) has both
+    and runs them on the CPU in bf16 and fp32; which versions, GPUs and dtypes have it varies, so
+    we ask the build at hand rather than trust a version number.
     """
     return _grouped_mm_available(str(torch.device(dev)), dtype)
 
