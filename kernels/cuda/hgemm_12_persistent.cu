@@ -41,8 +41,10 @@
 // Barrier bookkeeping (the part to get right; a wrong parity deadlocks or reads a stale tile):
 //  - it = the k-iteration counter of this CTA, GLOBAL across tiles (not reset per tile): ring slot
 //    it % STAGES, fill number it / STAGES. Producer and consumers walk the same tiles with the same
-//    K, so their counters agree; a counter reset per tile would desynchronise the phases as soon as
-//    KT % STAGES != 0.
+//    K, so their counters agree. A counter reset per tile would desynchronise the phases unless
+//    every slot is filled an even number of times per tile (KT a multiple of 2 * STAGES): the
+//    parity a wait expects is the slot's fill count mod 2 since the kernel began, not since the
+//    tile began.
 //  - full[s] (count 1): this CTA's producer arrives once with expect_tx(48 KB) = its A tile (16 KB,
 //    local) + its B half (16 KB, multicast to itself) + the partner's B half (16 KB, multicast to
 //    it). The partner's bytes may land before the local expect_tx (the transaction count goes
