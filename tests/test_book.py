@@ -90,10 +90,36 @@ def test_course_has_acts_and_notebooks():
     assert NOTEBOOKS, "no notebooks/*.ipynb"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS + ACTS, ids=_rel)
+def pending_gpu_run(nb: dict) -> bool:
+    """A lab written and checked on a CPU (CI executes it under nbval like any notebook) whose
+    first GPU run is still to come: metadata ``gpu_brrr.pending_gpu_run``. It stays out of the
+    book, with no outputs, until that run stores them; then the flag goes and the toc takes it
+    (README, "Running on a GPU")."""
+    return bool(nb.get("metadata", {}).get("gpu_brrr", {}).get("pending_gpu_run"))
+
+
+PENDING = [p for p in NOTEBOOKS if pending_gpu_run(json.loads(p.read_text(encoding="utf-8")))]
+PUBLISHED = [p for p in NOTEBOOKS if p not in PENDING]
+
+
+@pytest.mark.parametrize("path", PUBLISHED + ACTS, ids=_rel)
 def test_in_toc(path):
     # only_build_toc_files: a page missing from the toc is silently left out of the site.
     assert path in TOC_FILES, f"{_rel(path)} is not in _toc.yml, so the site does not show it"
+
+
+def check_pending(nb: dict, in_toc: bool) -> list[str]:
+    """A lab waiting for its GPU run is neither in the book nor holding any output."""
+    problems = ["in _toc.yml before its GPU run"] if in_toc else []
+    ran = [i for i, c in enumerate(_code_cells(nb)) if c.get("outputs") or c.get("execution_count")]
+    if ran:
+        problems.append(f"code cells {ran} hold outputs from a run that was not its GPU run")
+    return problems
+
+
+@pytest.mark.parametrize("path", PENDING, ids=_rel)
+def test_pending_lab_is_out_of_the_book_and_unrun(path):
+    assert not (problems := check_pending(_load(path), path in TOC_FILES)), problems
 
 
 def test_notebooks_sit_under_their_act():
@@ -274,7 +300,7 @@ def test_front_matter_names_the_configured_repository():
         assert all(c == (slug, repo["branch"]) for c in colab), f"{page}: Colab links {colab}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_rel)
+@pytest.mark.parametrize("path", PUBLISHED, ids=_rel)
 def test_notebook_outputs_are_a_full_gpu_run(path):
     assert not (problems := check_full_gpu_run(_load(path))), problems
 
@@ -736,6 +762,16 @@ def test_rules_catch_a_bootstrap_that_disagrees_with_the_config():
     assert "other URLs" in check_repository_setting(_nb(extra), "https://github.com/o/r", "main")[0]
     twice = dict(good, source=good["source"] + 'REPO_URL = "https://github.com/o/r"\n')
     assert "REPO_URL" in check_repository_setting(_nb(twice), "https://github.com/o/r", "main")[0]
+
+
+def test_rules_catch_a_pending_lab_in_the_book_or_with_outputs():
+    pending = {"metadata": {"gpu_brrr": {"pending_gpu_run": True}}}
+    assert pending_gpu_run(pending) and not pending_gpu_run({"metadata": {}})
+    clean = dict(pending, cells=[_code(None, outputs=[])])
+    assert check_pending(clean, in_toc=False) == []
+    assert check_pending(clean, in_toc=True) == ["in _toc.yml before its GPU run"]
+    cpu_run = dict(pending, cells=[_code(1, outputs=[{"output_type": "stream", "text": "x"}])])
+    assert any("outputs" in p for p in check_pending(cpu_run, in_toc=False))
 
 
 def test_rules_catch_bad_act_pages():
