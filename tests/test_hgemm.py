@@ -4,11 +4,9 @@ nvcc (no GPU needed) into the instructions it is about, the launcher validates i
 reference on odd shapes."""
 
 import dataclasses
-import os
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ from conftest import guarded
 
 import kernels.cuda as ladder
 from kernels import device
+from kernels.cuda import hgemm_check as check
 
 NVCC = shutil.which("nvcc")
 hopper = pytest.mark.skipif(
@@ -56,64 +55,56 @@ EXPECTED_PTX = {
 }
 # Steps whose warpgroups trade registers with setmaxnreg: 65536 / 384 threads -> 168 at entry.
 SETMAXNREG_STEPS = (11, 12)
-# torch's extension build defines these; the kernels must not rely on implicit bf16 conversions.
-TORCH_DEFINES = [
-    "-D__CUDA_NO_HALF_OPERATORS__",
-    "-D__CUDA_NO_HALF_CONVERSIONS__",
-    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
-    "-D__CUDA_NO_HALF2_OPERATORS__",
-]
+# The same ideas in SASS (page 4.11's table), counted where a cuobjdump is found (the toolkit's or
+# Triton's); None: at least once.
+EXPECTED_SASS = {
+    9: {"HGMMA": 8, "LDGSTS": 16, "UTMALDG": 0, "USETMAXREG": 0},
+    10: {"HGMMA": 8, "UTMALDG": 4, "LDGSTS": 0, "USETMAXREG": 0},
+    11: {"HGMMA": 4, "UTMALDG": 2, "UTMASTG": 0, "USETMAXREG": 2},
+    12: {
+        "HGMMA": 4,
+        "UTMALDG": 2,
+        "MULTICAST": 1,
+        "UTMASTG": 4,
+        "USETMAXREG": 2,
+        "UCGABAR_ARV": None,
+    },
+}
+_step_file = check.step_file
 
 
-def _step_file(step: int) -> str:
-    return next(f for f in ladder.HGEMM_SOURCES if f.startswith(f"hgemm_{step:02d}_"))
-
-
-def _nvcc_step(step: int, tmp_path) -> tuple[subprocess.CompletedProcess, str]:
-    """Compile hgemm_common.cuh + one step for sm_90a, keeping the PTX; return (process, PTX)."""
-    work = tmp_path / f"step{step}"
-    work.mkdir()
-    src = work / f"hgemm_{step}.cu"
-    src.write_text(
-        (ladder.HERE / "hgemm_common.cuh").read_text()
-        + "\n"
-        + (ladder.HERE / _step_file(step)).read_text()
-    )
-    proc = subprocess.run(
-        [NVCC, "-std=c++17", "-O3", *ladder.HGEMM_ARCH_FLAGS, *TORCH_DEFINES, "-Xptxas", "-v"]
-        + ["-keep", "-keep-dir", str(work), "-c", str(src), "-o", str(src) + ".o"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    ptx = "\n".join(p.read_text() for p in work.glob("*.ptx"))
-    return proc, ptx
+def _kernel_part(step: int) -> str:
+    """The part of a step's file name that check.SASS_WANT keys on: hgemm_11_warpspec.cu -> warpspec."""
+    return check.step_file(step).removesuffix(".cu").split("_", 2)[2]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_every_step_compiles_for_sm90a_into_its_instructions(tmp_path):
-    steps = sorted(ladder.HGEMM_STEPS)
-    with ThreadPoolExecutor(min(len(steps), max(2, os.cpu_count() or 1))) as pool:
-        results = dict(zip(steps, pool.map(lambda s: _nvcc_step(s, tmp_path), steps)))
-    for step, (proc, ptx) in results.items():
-        log = proc.stderr + proc.stdout
-        assert proc.returncode == 0, f"step {step}:\n{log[-4000:]}"
+    results = check.compile_steps(workdir=tmp_path)  # one nvcc per step, in parallel
+    assert sorted(results) == sorted(ladder.HGEMM_STEPS)
+    for step, built in results.items():
+        assert built.ok, f"step {step}:\n{built.log[-4000:]}"
         # ptxas says so when it must serialise wgmma (accumulators touched mid-flight) or ignores
         # setmaxnreg (C7508); either would silently cost the step its idea.
-        assert "serialized" not in log and "C7508" not in log, f"step {step}:\n{log[-4000:]}"
-        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        assert spills and all(s == ("0", "0") for s in spills), f"step {step} spills:\n{log}"
+        assert not built.warnings, f"step {step}:\n{built.log[-4000:]}"
+        assert built.ptxas["spill_stores"] == built.ptxas["spill_loads"] == 0, built.log
         for instr, count in EXPECTED_PTX[step].items():
-            found = len(re.findall(re.escape(instr), ptx))
+            found = len(re.findall(re.escape(instr), built.ptx))
             if count is None:
                 assert found >= 1, f"step {step}: no {instr} in the PTX"
             else:
                 assert found == count, (
                     f"step {step}: {found} x {instr} in the PTX, expected {count}"
                 )
+        if built.sass_counts:
+            assert not check.missing_sass(_kernel_part(step), built.sass_counts), step
+            for op, count in EXPECTED_SASS[step].items():
+                found = built.sass_counts[op]
+                assert found >= 1 if count is None else found == count, (step, op, found)
     # setmaxnreg only works under a register cap: 65536 / 384 threads -> 168 registers at entry.
     for step in SETMAXNREG_STEPS:
-        assert "Used 168 registers" in results[step][0].stderr + results[step][0].stdout, step
+        assert results[step].ptxas["registers"] == 168, step
+        assert "Used 168 registers" in results[step].log, step
 
 
 # Runs step 12's host-and-device helpers on the CPU: the tile scheduler and the epilogue's staging
