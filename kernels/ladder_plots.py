@@ -636,6 +636,114 @@ def plot_sweep(ax, sizes: list[int], series: dict[str, list[float]], *, ylabel: 
     return ax
 
 
+# ----------------------------------------------------------------------------- the Hopper rungs
+
+
+def sgemm_ladder_records(
+    gpu_name: str, path: Path | None = None, n: int = 4096
+) -> tuple[dict[int, float], float, str] | None:
+    """The SGEMM ladder as last recorded on ``gpu_name`` (results/<gpu>.jsonl, written by Lab 4a or
+    ``python -m kernels.bench --only sgemm_ladder``): ({step: TFLOP/s}, cuBLAS fp32 TFLOP/s, date)
+    at ``n``^3, from the latest date that has a cuBLAS row; None when there is no such record."""
+    import json
+
+    from kernels import device
+
+    path = (
+        path
+        or Path(__file__).resolve().parents[1] / "results" / f"{device.gpu_slug(gpu_name)}.jsonl"
+    )
+    if not path.exists():
+        return None
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    rows = [r for r in rows if r.get("bench") == "sgemm" and r.get("shape") == [n, n, n]]
+    rows = [r for r in rows if r.get("gpu") == gpu_name and r.get("tflops")]
+    dates = sorted({r["date"] for r in rows if r["variant"] == "cublas"})
+    if not dates:
+        return None
+    latest = [r for r in rows if r["date"] == dates[-1]]
+    steps = {}
+    for r in latest:  # a later row of the same day wins
+        m = re.match(r"step(\d+)-", r["variant"])
+        if m:
+            steps[int(m.group(1))] = r["tflops"]
+    cublas = [r["tflops"] for r in latest if r["variant"] == "cublas"][-1]
+    return steps, cublas, dates[-1]
+
+
+def plot_hopper_ladder(
+    ax,
+    hopper: dict[int, float],
+    cublas_bf16: float,
+    *,
+    sgemm: dict[int, float] | None = None,
+    cublas_fp32: float | None = None,
+    sgemm_label: str = "steps 1-8: fp32 (Lab 4a)",
+):
+    """The whole ladder on one log axis: TFLOP/s of steps 1-8 (fp32, CUDA cores; optional) and 9-12
+    (bf16, tensor cores), each group under its own cuBLAS line (dashed: fp32 without TF32, solid:
+    bf16). Bars carry their TFLOP/s."""
+    from kernels import plotstyle
+
+    groups = [(sgemm or {}, plotstyle.color(0), sgemm_label), (hopper, plotstyle.color(1), None)]
+    for values, colour, label in groups:
+        steps = sorted(values)
+        if not steps:
+            continue
+        label = label or f"steps {steps[0]}-{steps[-1]}: bf16, wgmma"
+        bars = ax.bar(steps, [values[s] for s in steps], 0.7, color=colour, label=label)
+        for rect, s in zip(bars, steps):
+            v = values[s]
+            ax.annotate(f"{v:.0f}" if v >= 10 else f"{v:.1f}", (rect.get_x() + rect.get_width() / 2, v),
+                        textcoords="offset points", xytext=(0, 2), ha="center",
+                        fontsize=plotstyle.SMALL_PT)  # fmt: skip
+    if sgemm and cublas_fp32:
+        lo, hi = min(sgemm) - 0.4, max(sgemm) + 0.4
+        ax.hlines(cublas_fp32, lo, hi, colors="k", linestyles="--", lw=1, label="cuBLAS fp32")
+    lo = min(hopper, default=9) - 0.4
+    ax.hlines(cublas_bf16, lo, max(hopper, default=12) + 0.4, colors="k", lw=1.2,
+              label="cuBLAS bf16 (this run)")  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_ylim(top=4 * max([cublas_bf16, *hopper.values()]))
+    ticks = sorted(set(sgemm or {}) | set(hopper))
+    ax.set_xticks(ticks, [str(s) for s in ticks])
+    ax.set_xlabel("ladder step")
+    ax.set_ylabel("TFLOP/s (log scale)")
+    ax.legend(loc="upper left", ncols=2)
+    ax.grid(False, axis="x")
+    return ax
+
+
+def plot_vs_cublas(ax, frac: dict[str, dict[int, float]], *, goals: dict[str, float] | None = None):
+    """Grouped bars: per step, one bar per shape (``frac[shape label][step]``, the step's throughput
+    over cuBLAS bf16's at that shape in the same run); the line at 1.0 is cuBLAS, and short black
+    ticks mark each shape's goal for the last step."""
+    from kernels import plotstyle
+
+    shapes = list(frac)
+    steps = sorted({s for f in frac.values() for s in f})
+    w = 0.8 / max(len(shapes), 1)
+    for i, shape in enumerate(shapes):
+        xs = [j + (i - (len(shapes) - 1) / 2) * w for j in range(len(steps))]
+        ys = [frac[shape].get(s, 0.0) for s in steps]
+        ax.bar(xs, ys, w, color=plotstyle.color(i), label=shape)
+        for x, y in zip(xs, ys):
+            if y > 0:
+                ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 2),
+                            ha="center", fontsize=plotstyle.SMALL_PT, rotation=90)  # fmt: skip
+        if goals and shape in goals and steps:
+            x = xs[-1]
+            label = f"goal of step {steps[-1]}" if i == 0 else None
+            ax.hlines(goals[shape], x - w / 2, x + w / 2, colors="k", lw=2.5, label=label)
+    ax.axhline(1.0, color="k", lw=1, ls="--", label="cuBLAS bf16")
+    ax.set_xticks(range(len(steps)), [f"step {s}" for s in steps])
+    ax.set_ylabel("fraction of cuBLAS bf16")
+    ax.set_ylim(0, 1.6)
+    ax.legend(loc="upper left", ncols=2)
+    ax.grid(False, axis="x")
+    return ax
+
+
 # ----------------------------------------------------------------------------- entry point
 
 

@@ -320,3 +320,57 @@ def _implied_cublas():
     # Each step's GFLOP/s over its fraction gives the A6000's cuBLAS; they must agree (steps 2-8:
     # the fractions are rounded to 0.1 %, so step 1's 1.3 % is too coarse to include).
     return [lp.A6000_GFLOPS[s] / lp.A6000_OF_CUBLAS[s] for s in range(2, 9)]
+
+
+# --- the Hopper rungs ---------------------------------------------------------------------------
+
+
+def test_sgemm_ladder_records_takes_the_latest_run_of_that_gpu(tmp_path):
+    import json
+
+    def row(variant, tflops, date, gpu="G", shape=(4096, 4096, 4096)):
+        return {"bench": "sgemm", "variant": variant, "shape": list(shape), "tflops": tflops,
+                "gpu": gpu, "date": date}  # fmt: skip
+
+    rows = [
+        row("cublas", 50.0, "2026-01-01"),
+        row("step1-naive", 0.4, "2026-01-01"),
+        row("cublas", 52.0, "2026-02-01"),
+        row("step1-naive", 0.5, "2026-02-01"),
+        row("step8-warp-tiling", 44.0, "2026-02-01"),
+        row("cublas", 99.0, "2026-03-01", gpu="other"),
+        row("cublas", 9.0, "2026-03-01", shape=(1024, 1024, 1024)),
+        {
+            "bench": "hgemm",
+            "variant": "cublas",
+            "shape": [4096] * 3,
+            "tflops": 700,
+            "gpu": "G",
+            "date": "2026-03-01",
+        },  # fmt: skip
+    ]
+    path = tmp_path / "g.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert lp.sgemm_ladder_records("G", path) == ({1: 0.5, 8: 44.0}, 52.0, "2026-02-01")
+    assert lp.sgemm_ladder_records("nobody", path) is None
+    assert lp.sgemm_ladder_records("G", tmp_path / "missing.jsonl") is None
+
+
+def test_hopper_plots_are_readable_at_column_width():
+    from kernels import plotstyle
+
+    plotstyle.use()
+    fig, ax = plotstyle.figure(height=3.6)
+    sgemm = {1: 0.5, 2: 6.4, 3: 9.0, 4: 20.0, 5: 30.0, 6: 35.0, 7: 40.0, 8: 44.0}
+    hopper = {9: 300.0, 10: 500.0, 11: 650.0, 12: 700.0}
+    lp.plot_hopper_ladder(ax, hopper, 720.0, sgemm=sgemm, cublas_fp32=52.0)
+    assert plotstyle.overlapping_texts(fig) == []
+    assert len(ax.patches) == 12 and ax.get_yscale() == "log"
+    fig, ax = plotstyle.figure(height=3.6)
+    frac = {s: {9: 0.41, 10: 0.7, 11: 0.9, 12: 1.02} for s in ("4096³", "8192³", "4000×3000×5000")}
+    lp.plot_vs_cublas(ax, frac, goals={"4096³": 1.0, "8192³": 1.0, "4000×3000×5000": 0.9})
+    assert plotstyle.overlapping_texts(fig) == []
+    assert len(ax.patches) == 12
+    # without any measured step (a CPU run) both still draw
+    lp.plot_hopper_ladder(plotstyle.figure()[1], {}, 1.0)
+    lp.plot_vs_cublas(plotstyle.figure()[1], {})
