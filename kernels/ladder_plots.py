@@ -714,14 +714,23 @@ def plot_hopper_ladder(
     return ax
 
 
-def plot_vs_cublas(ax, frac: dict[str, dict[int, float]], *, goals: dict[str, float] | None = None):
+def plot_vs_cublas(
+    ax,
+    frac: dict[str, dict[int, float]],
+    *,
+    steps: list[int] | None = None,
+    goals: dict[str, float] | None = None,
+    goal_step: int | None = None,
+):
     """Grouped bars: per step, one bar per shape (``frac[shape label][step]``, the step's throughput
-    over cuBLAS bf16's at that shape in the same run); the line at 1.0 is cuBLAS, and short black
-    ticks mark each shape's goal for the last step."""
+    over cuBLAS bf16's at that shape in the same run); the dashed line at 1.0 is cuBLAS. ``steps``:
+    the steps on the x axis (default: those in ``frac``; one without a bar is marked 'not timed').
+    ``goals`` ({shape label: fraction}) are short black bars over ``goal_step`` (default the last)."""
     from kernels import plotstyle
 
     shapes = list(frac)
-    steps = sorted({s for f in frac.values() for s in f})
+    steps = sorted(steps or {s for f in frac.values() for s in f})
+    goal_step = steps[-1] if goal_step is None and steps else goal_step
     w = 0.8 / max(len(shapes), 1)
     for i, shape in enumerate(shapes):
         xs = [j + (i - (len(shapes) - 1) / 2) * w for j in range(len(steps))]
@@ -731,10 +740,13 @@ def plot_vs_cublas(ax, frac: dict[str, dict[int, float]], *, goals: dict[str, fl
             if y > 0:
                 ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 2),
                             ha="center", fontsize=plotstyle.SMALL_PT, rotation=90)  # fmt: skip
-        if goals and shape in goals and steps:
-            x = xs[-1]
-            label = f"goal of step {steps[-1]}" if i == 0 else None
+        if goals and shape in goals and goal_step in steps:
+            x = xs[steps.index(goal_step)]
+            label = f"goal of step {goal_step}" if i == 0 else None
             ax.hlines(goals[shape], x - w / 2, x + w / 2, colors="k", lw=2.5, label=label)
+    for j, s in enumerate(steps):
+        if not any(f.get(s) for f in frac.values()):
+            ax.text(j, 0.05, "not timed", ha="center", fontsize=plotstyle.SMALL_PT)
     ax.axhline(1.0, color="k", lw=1, ls="--", label="cuBLAS bf16")
     ax.set_xticks(range(len(steps)), [f"step {s}" for s in steps])
     ax.set_ylabel("fraction of cuBLAS bf16")

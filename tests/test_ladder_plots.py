@@ -371,6 +371,14 @@ def test_hopper_plots_are_readable_at_column_width():
     lp.plot_vs_cublas(ax, frac, goals={"4096³": 1.0, "8192³": 1.0, "4000×3000×5000": 0.9})
     assert plotstyle.overlapping_texts(fig) == []
     assert len(ax.patches) == 12
+    # a step that failed its check: no bar, marked, and the goals stay over step 12
+    fig, ax = plotstyle.figure(height=3.6)
+    frac = {"4096³": {9: 0.41, 10: 0.7}, "8192³": {9: 0.4, 10: 0.72}}
+    lp.plot_vs_cublas(ax, frac, steps=[9, 10, 11, 12], goals={"4096³": 1.0, "8192³": 1.0})
+    assert [t.get_text() for t in ax.texts if t.get_text() == "not timed"] == ["not timed"] * 2
+    goal = [c for c in ax.collections if c.get_label() == "goal of step 12"]
+    assert len(goal) == 1 and goal[0].get_segments()[0][0][0] > 2.5  # over step 12 (x = 3)
+    assert plotstyle.overlapping_texts(fig) == []
     # without any measured step (a CPU run) both still draw
     lp.plot_hopper_ladder(plotstyle.figure()[1], {}, 1.0)
     lp.plot_vs_cublas(plotstyle.figure()[1], {})
