@@ -24,6 +24,9 @@ hangs the GPU instead of failing), and only steps that passed are timed.
    kept;
 6. ``--tests``: the GPU tests of tests/test_hgemm.py.
 
+The checks, the child processes and the instruction lists live in kernels/cuda/hgemm_check.py, which
+notebooks/04f-hopper-gemm.ipynb uses too.
+
 Writes $OUT/hgemm_probe.json, $OUT/hgemm_sass/<kernel>.sass and $OUT/hgemm_ncu_step<N>.csv when OUT
 is set.
 """
