@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from kernels import moe
 from tests.conftest import guarded
@@ -191,6 +192,32 @@ def test_swiglu_backward_epilogue_and_accumulate(trans_b):
         moe.grouped_swiglu_backward(dy, w_down, g_[:, :5].contiguous(), u_, offsets, trans_b)
     with pytest.raises(ValueError, match="out must be \\[M, N\\]"):
         moe.grouped_matmul_add_(out[:3], dy, w_down, offsets, not trans_b)
+
+
+def test_accumulate_adds_once_when_the_autotuner_reruns_it(monkeypatch):
+    """On a GPU the autotuner times every config on a shape's first call, running the kernel many
+    times on the real arguments: ``out += x @ w`` must still add once (``restore_value``). The
+    interpreter has one config, so two are forced here and timed by a stub that runs each 3x."""
+    tuned = moe.grouped._grouped_mm_tuned
+    one = tuned.configs[0]
+    two = triton.Config(dict(one.kwargs), num_warps=2, num_stages=1)
+
+    def bench(kernel_call, quantiles=None):
+        for _ in range(3):
+            kernel_call()
+        return [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(tuned, "configs", [one, two])
+    monkeypatch.setattr(tuned, "cache", {})
+    monkeypatch.setitem(tuned.__dict__, "do_bench", bench)  # (a cached_property on the class)
+    T, D, F_, E, k = 13, 24, 40, 6, 2
+    _, _, _, dy, offsets = _sorted_input(T, D, E, k, 2)
+    w_down = torch.randn(E, D, F_)
+    out = torch.randn(dy.shape[0], F_)
+    want = out + moe.grouped_matmul_ref(dy, w_down, offsets)
+    moe.grouped_matmul_add_(out, dy, w_down, offsets)
+    assert len(tuned.cache) == 1  # the autotuner did run its two configs
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
 def test_no_rows_and_torch_grouped_mm():
