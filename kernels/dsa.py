@@ -413,8 +413,11 @@ def lightning_indexer(
         w.stride(0), w.stride(1), block_table.stride(0), positions.stride(0),
         out.stride(0), out.stride(1),
     )  # fmt: skip
+    # tl.dot's reduction is D_PAD wide: at least 16, and 32 for fp8 operands (the compiler
+    # rejects an fp8 dot with K < 32); the padding columns load zeros.
+    d_pad = max(mla._dot_pad(d), 32 if q_idx.dtype == torch.float8_e4m3fn else 16)
     meta = dict(
-        N_HEADS=n_heads, D=d, H_PAD=mla._dot_pad(n_heads), D_PAD=mla._dot_pad(d),
+        N_HEADS=n_heads, D=d, H_PAD=mla._dot_pad(n_heads), D_PAD=d_pad,
         PAGE_SIZE=page, FP32_EXACT=q_idx.dtype == torch.float32,
     )  # fmt: skip
     if config is None:
