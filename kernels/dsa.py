@@ -389,6 +389,14 @@ def lightning_indexer(
             f"n_ctx must be an int in [0, the block table's capacity {capacity}], got {n_ctx!r}"
         )
     _check_indexer_config(config)
+    # The grid's y and z axes (query tiles, key tiles) hold at most 65,535 programs on a GPU
+    # (the interpreter has no limit): the smallest tiles the autotuner may pick set the bound.
+    max_t, max_s = 65535 * (config[0] if config else 1), 65535 * (config[1] if config else 32)
+    if n_queries > max_t or n_ctx > max_s:
+        raise ValueError(
+            f"q_idx holds {n_queries} queries per sequence and n_ctx is {n_ctx}: one call takes "
+            f"at most {max_t} queries (split them, as dsa_prefill does) and {max_s} keys"
+        )
     if device.GPU_MODE and not q_idx.is_cuda:
         raise ValueError(f"q_idx must be on a CUDA device, got {q_idx.device}")
     if _validate.check_values(block_table, positions) and positions.numel():

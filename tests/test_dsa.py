@@ -263,6 +263,13 @@ def test_indexer_bad_input():
             dsa.lightning_indexer(*args)
     with pytest.raises(ValueError, match="n_ctx"):
         dsa.lightning_indexer(q, k, w, table, pos, n_ctx=10**6)
+    # More query tiles than a GPU grid axis holds (65,535): refused before the launch.
+    n = 65536
+    with pytest.raises(ValueError, match="q_idx holds 65536 queries"):
+        dsa.lightning_indexer(
+            q[:, :1].expand(-1, n, -1, -1).contiguous(), k, w[:, :1].expand(-1, n, -1).contiguous(),
+            table, torch.zeros(q.shape[0], n, dtype=torch.int32, device=q.device),
+        )  # fmt: skip
 
 
 def test_topk_bad_input():
