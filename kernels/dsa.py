@@ -389,6 +389,14 @@ def lightning_indexer(
             f"n_ctx must be an int in [0, the block table's capacity {capacity}], got {n_ctx!r}"
         )
     _check_indexer_config(config)
+    # The grid's y and z axes (query tiles, key tiles) hold at most 65,535 programs on a GPU
+    # (the interpreter has no limit): the smallest tiles the autotuner may pick set the bound.
+    max_t, max_s = 65535 * (config[0] if config else 1), 65535 * (config[1] if config else 32)
+    if n_queries > max_t or n_ctx > max_s:
+        raise ValueError(
+            f"q_idx holds {n_queries} queries per sequence and n_ctx is {n_ctx}: one call takes "
+            f"at most {max_t} queries (split them, as dsa_prefill does) and {max_s} keys"
+        )
     if device.GPU_MODE and not q_idx.is_cuda:
         raise ValueError(f"q_idx must be on a CUDA device, got {q_idx.device}")
     if _validate.check_values(block_table, positions) and positions.numel():
@@ -413,8 +421,11 @@ def lightning_indexer(
         w.stride(0), w.stride(1), block_table.stride(0), positions.stride(0),
         out.stride(0), out.stride(1),
     )  # fmt: skip
+    # tl.dot's reduction is D_PAD wide: at least 16, and 32 for fp8 operands (the compiler
+    # rejects an fp8 dot with K < 32); the padding columns load zeros.
+    d_pad = max(mla._dot_pad(d), 32 if q_idx.dtype == torch.float8_e4m3fn else 16)
     meta = dict(
-        N_HEADS=n_heads, D=d, H_PAD=mla._dot_pad(n_heads), D_PAD=mla._dot_pad(d),
+        N_HEADS=n_heads, D=d, H_PAD=mla._dot_pad(n_heads), D_PAD=d_pad,
         PAGE_SIZE=page, FP32_EXACT=q_idx.dtype == torch.float32,
     )  # fmt: skip
     if config is None:

@@ -70,6 +70,25 @@ def test_indexer_dtype_follows_the_device():
     assert dsa.indexer_dtype() in (want, torch.float16)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (device.GPU_MODE and device.capabilities().fp8), reason="needs a GPU with FP8 dots"
+)
+@pytest.mark.parametrize("d_idx, config", [(16, None), (128, None), (16, (1, 32, 4, 2))])
+def test_indexer_fp8_matches_reference(d_idx, config):
+    """FP8 e4m3 q and k (what indexer_dtype() picks on Hopper), d_I = 16 included: an fp8 dot
+    needs a reduction of at least 32, so the launcher pads d_I. The reference reads the same fp8
+    values in fp32; Hopper's fp8 dots accumulate in reduced precision, hence 1e-2."""
+    c = dsa.dsa_case([1, 40, 0, 130], 2, 16, 16, 8, d_idx, n_queries=3, block_size=16,
+                     dtype=torch.float32, idx_dtype=torch.float8_e4m3fn)  # fmt: skip
+    got = dsa.lightning_indexer(*_indexer_args(c), config=config)
+    q, k, w, table, pos = _indexer_args(c)
+    ref = dsa.lightning_indexer_ref(q.float(), k.float(), w, table, pos)
+    future = torch.isinf(ref)
+    assert torch.equal(torch.isneginf(got), future)
+    assert _rel_err(got[~future], ref[~future]) < 1e-2
+
+
 # ----------------------------------------------------------------------------- top-k
 
 
@@ -244,6 +263,13 @@ def test_indexer_bad_input():
             dsa.lightning_indexer(*args)
     with pytest.raises(ValueError, match="n_ctx"):
         dsa.lightning_indexer(q, k, w, table, pos, n_ctx=10**6)
+    # More query tiles than a GPU grid axis holds (65,535): refused before the launch.
+    n = 65536
+    with pytest.raises(ValueError, match="q_idx holds 65536 queries"):
+        dsa.lightning_indexer(
+            q[:, :1].expand(-1, n, -1, -1).contiguous(), k, w[:, :1].expand(-1, n, -1).contiguous(),
+            table, torch.zeros(q.shape[0], n, dtype=torch.int32, device=q.device),
+        )  # fmt: skip
 
 
 def test_topk_bad_input():

@@ -13,9 +13,13 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
+import triton
+import triton.language as tl
 
-import kernels  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
+import kernels  # noqa: F401  (sets TRITON_INTERPRET; conftest imports it before any test module)
 from kernels import device, grade
+from kernels.grade import barrier
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = {
@@ -318,6 +322,31 @@ def test_barrier_exercise_states_the_interpreter_limit(tmp_path, capsys):
         ns = run("08a", tmp_path, ex["skeleton"], ex["solution"])
         assert grade.check_grid_barrier(ns["arrive"], ns["wait"]) == 4
         assert "the race check needs a GPU" in capsys.readouterr().out
+
+
+@triton.jit
+def _counting_wait(sync_ptr, gen, max_polls):
+    polls = 0
+    while (tl.atomic_add(sync_ptr + 1, 0) == gen) & (polls < max_polls):
+        tl.atomic_add(sync_ptr + 3, 1)
+        polls += 1
+    return polls < max_polls
+
+
+def test_race_check_stops_polling_after_the_first_time_out():
+    """A barrier that never opens must fail the race check after one wait's max_polls, not after
+    2 * ROUNDS of them (minutes on a GPU). Here two programs are expected and one arrives; the
+    wait counts its polls in the spare word sync[3]."""
+    rounds, max_polls = 3, 7
+    sync, timeout = barrier._sync(), torch.zeros(1, dtype=torch.int32, device=device.DEVICE)
+    buf = torch.zeros(2, dtype=torch.int32, device=device.DEVICE)
+    out = torch.zeros(rounds, 2, dtype=torch.int32, device=device.DEVICE)
+    barrier._exchange_kernel[(1,)](
+        buf, out, sync, timeout, 2, max_polls, ROUNDS=rounds, ARRIVE=barrier._course_arrive,
+        WAIT=_counting_wait,
+    )  # fmt: skip
+    assert timeout.item() == 1
+    assert sync[3].item() == max_polls
 
 
 @pytest.mark.gpu

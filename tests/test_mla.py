@@ -98,12 +98,13 @@ def test_absorbed_equals_naive_in_fp64():
     n_heads, d_nope, d_v, r, d_rope = 3, 8, 12, 16, 8
     g = torch.Generator().manual_seed(5)
     w_kv_b = torch.randn(n_heads * (d_nope + d_v), r, generator=g, dtype=torch.float64)
+    w_kv_b = w_kv_b.to(device.DEVICE)  # with decode_case's tensors (a GPU's launcher wants it)
     w_uk, w_uv = mla.split_kv_b_proj(w_kv_b, n_heads, d_nope, d_v)
     weights = mla.absorb(w_uk, w_uv, n_heads)
     assert weights.w_uk.shape == (n_heads, d_nope, r) and weights.w_uv.shape == (n_heads, r, d_v)
     _, q_rope, kv, table, lens = mla.decode_case([19, 0, 7], n_heads, r, d_rope, block_size=4,
                                                  dtype=torch.float64, seed=6)  # fmt: skip
-    q_nope = torch.randn(3, n_heads, d_nope, generator=g, dtype=torch.float64)
+    q_nope = torch.randn(3, n_heads, d_nope, generator=g, dtype=torch.float64).to(device.DEVICE)
     scale = 1.0 / math.sqrt(d_nope + d_rope)  # the model's scale, before absorption
     naive = mla.mla_decode_naive(q_nope, q_rope, kv, table, lens, weights, scale)
     absorbed = weights.output(mla.mla_decode_ref(weights.query(q_nope), q_rope, kv, table, lens,

@@ -12,9 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
-from kernels import moe
+from kernels import device, moe
 from tests.conftest import guarded
+
+# The interpreter's tests run on a GPU too (make gpu-test): the launchers refuse CPU tensors there.
+DEV = device.DEVICE
 
 # (tokens, K, N, n_experts, top_k, n_empty): odd sizes; skew leaves n_empty experts without rows
 GEMM_CASES = [
@@ -28,13 +32,13 @@ FP32 = (torch.float32, 1e-5, 1e-5)
 
 
 def _routing(T, E, k, n_empty, seed=0):
-    return moe.skewed_routing(T, E, k, zipf=0.7, n_empty=n_empty, seed=seed)
+    return moe.skewed_routing(T, E, k, zipf=0.7, n_empty=n_empty, seed=seed, device=DEV)
 
 
 def _sorted_input(T, K, E, k, n_empty, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     ids, w = _routing(T, E, k, n_empty, seed)
-    x = torch.randn(T, K, generator=g).to(dtype)
+    x = torch.randn(T, K, generator=g).to(DEV).to(dtype)
     x_sorted, offsets = moe.permute_ref(x, ids, E)
     return x, ids, w, guarded(x_sorted), guarded(offsets, fill=2**30)
 
@@ -45,7 +49,7 @@ def _sorted_input(T, K, E, k, n_empty, dtype=torch.float32, seed=0):
 @pytest.mark.parametrize("scoring", moe.routing.SCORINGS)
 @pytest.mark.parametrize("norm_topk", [True, False])
 def test_route_picks_top_scores_and_normalises(scoring, norm_topk):
-    logits = torch.randn(11, 9, generator=torch.Generator().manual_seed(1))
+    logits = torch.randn(11, 9, generator=torch.Generator().manual_seed(1)).to(DEV)
     ids, w = moe.route(logits, 3, scoring, norm_topk)
     assert ids.dtype == torch.int32 and w.dtype == torch.float32 and ids.shape == (11, 3)
     scores = torch.softmax(logits, -1) if scoring == "softmax" else torch.sigmoid(logits)
@@ -56,21 +60,23 @@ def test_route_picks_top_scores_and_normalises(scoring, norm_topk):
 
 
 def test_route_bias_changes_the_choice_not_the_weights():
-    logits = torch.zeros(4, 5)
+    logits = torch.zeros(4, 5, device=DEV)
     logits[:, 0] = 1.0
-    bias = torch.tensor([-10.0, 0.0, 0.0, 0.0, 5.0])
+    bias = torch.tensor([-10.0, 0.0, 0.0, 0.0, 5.0], device=DEV)
     ids, w = moe.route(logits, 1, "sigmoid", norm_topk=False, bias=bias)
     assert (ids == 4).all()
-    torch.testing.assert_close(w, torch.full((4, 1), 0.5))  # sigmoid(0): the unbiased score
+    torch.testing.assert_close(
+        w, torch.full((4, 1), 0.5, device=DEV)
+    )  # sigmoid(0): the unbiased score
 
 
 def test_skewed_routing_is_seeded_and_skewed():
-    ids, w = moe.skewed_routing(400, 32, 4, zipf=1.0, n_empty=5, seed=3)
-    again, _ = moe.skewed_routing(400, 32, 4, zipf=1.0, n_empty=5, seed=3)
+    ids, w = moe.skewed_routing(400, 32, 4, zipf=1.0, n_empty=5, seed=3, device=DEV)
+    again, _ = moe.skewed_routing(400, 32, 4, zipf=1.0, n_empty=5, seed=3, device=DEV)
     assert torch.equal(ids, again)
     c = moe.counts(ids, 32)
     assert (c == 0).sum() >= 5 and c.max() > 3 * c.float().mean()
-    torch.testing.assert_close(w.sum(-1), torch.ones(400))
+    torch.testing.assert_close(w.sum(-1), torch.ones(400, device=DEV))
     s = moe.MODEL_SHAPES["deepseek-v3"]
     assert (s.hidden, s.expert_width, s.n_experts, s.top_k, s.scoring) == (
         7168, 2048, 256, 8, "sigmoid"
@@ -85,7 +91,7 @@ def test_skewed_routing_is_seeded_and_skewed():
                                                  (9, 65, 16, 8, 4), (31, 33, 5, 3, 0)])  # fmt: skip
 def test_permute_unpermute_round_trip(T, D, E, k, n_empty):
     ids, w = _routing(T, E, k, n_empty)
-    x = guarded(torch.randn(T, D))
+    x = guarded(torch.randn(T, D, device=DEV))
     x_sorted, offsets, h = moe.permute(x, ids, E)
     x_ref, off_ref = moe.permute_ref(x, ids, E)
     assert torch.equal(x_sorted, x_ref) and torch.equal(offsets, off_ref)
@@ -93,11 +99,11 @@ def test_permute_unpermute_round_trip(T, D, E, k, n_empty):
     # sorted_pos inverts the sort: every copy of token t sits in a row holding x[t]
     assert torch.equal(x_sorted[h.sorted_pos.long()], x[:, None, :].expand(T, k, D))
     torch.testing.assert_close(moe.unpermute(x_sorted, h), x * k)
-    y = guarded(torch.randn(T * k, D))
+    y = guarded(torch.randn(T * k, D, device=DEV))
     torch.testing.assert_close(moe.unpermute(y, h, w), moe.unpermute_ref(y, h, w))
     # the combine's backward: one pass gives both gradients
     yr, wr = y.clone().requires_grad_(), w.clone().requires_grad_()
-    g = torch.randn(T, D)
+    g = torch.randn(T, D, device=DEV)
     moe.unpermute_ref(yr, h, wr).backward(g)
     gy, gw = moe.unpermute_backward(g, y, h, w)
     torch.testing.assert_close(gy, yr.grad)
@@ -105,9 +111,11 @@ def test_permute_unpermute_round_trip(T, D, E, k, n_empty):
 
 
 def test_permute_of_no_tokens():
-    x_sorted, offsets, h = moe.permute(torch.randn(0, 8), torch.zeros(0, 2, dtype=torch.int32), 4)
+    x_sorted, offsets, h = moe.permute(
+        torch.randn(0, 8, device=DEV), torch.zeros(0, 2, dtype=torch.int32, device=DEV), 4
+    )
     assert x_sorted.shape == (0, 8) and offsets.tolist() == [0] * 5
-    assert moe.unpermute(x_sorted, h, torch.zeros(0, 2)).shape == (0, 8)
+    assert moe.unpermute(x_sorted, h, torch.zeros(0, 2, device=DEV)).shape == (0, 8)
 
 
 # ----------------------------------------------------------------------------- grouped GEMMs
@@ -117,7 +125,7 @@ def test_permute_of_no_tokens():
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_grouped_matmul(T, K, N, E, k, n_empty, trans_b):
     _, _, _, x_sorted, offsets = _sorted_input(T, K, E, k, n_empty)
-    w = torch.randn(E, K, N)
+    w = torch.randn(E, K, N, device=DEV)
     if trans_b:  # the nn.Linear layout [E, N, K]: a transposed view, read in place
         w = w.transpose(1, 2).contiguous()
     y = moe.grouped_matmul(x_sorted, guarded(w), offsets, trans_b=trans_b)
@@ -130,7 +138,7 @@ def test_grouped_matmul(T, K, N, E, k, n_empty, trans_b):
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_grouped_matmul_dw(T, K, N, E, k, n_empty, trans_b):
     _, _, _, x_sorted, offsets = _sorted_input(T, K, E, k, n_empty)
-    dy = guarded(torch.randn(x_sorted.shape[0], N))
+    dy = guarded(torch.randn(x_sorted.shape[0], N, device=DEV))
     dw = moe.grouped_matmul_dw(x_sorted, dy, offsets, trans_b)
     ref = moe.grouped_matmul_dw_ref(x_sorted, dy, offsets, trans_b)
     assert dw.shape == ((E, N, K) if trans_b else (E, K, N))
@@ -142,10 +150,10 @@ def test_grouped_matmul_dw(T, K, N, E, k, n_empty, trans_b):
 def test_grouped_matmul_strided_and_fp16_inputs():
     T, K, N, E, k = 11, 48, 40, 5, 2
     _, _, _, x_sorted, offsets = _sorted_input(T, K, E, k, 1)
-    wide = torch.randn(x_sorted.shape[0], 2 * K)
+    wide = torch.randn(x_sorted.shape[0], 2 * K, device=DEV)
     wide[:, ::2] = x_sorted
     x_view = wide[:, ::2]  # K stride 2: any strides, no copy
-    w = torch.randn(E, N, K).transpose(1, 2)  # [E, K, N] view of an [E, N, K] tensor
+    w = torch.randn(E, N, K, device=DEV).transpose(1, 2)  # [E, K, N] view of an [E, N, K] tensor
     torch.testing.assert_close(moe.grouped_matmul(x_view, w, offsets),
                                moe.grouped_matmul_ref(x_sorted, w, offsets), rtol=1e-5, atol=1e-5)  # fmt: skip
     xh, wh = x_sorted.half(), (w * 0.2).half()
@@ -161,7 +169,7 @@ def test_grouped_swiglu_fuses_gate_and_up(trans_b):
     T, K, N, E, k = 13, 40, 24, 6, 2
     _, _, _, x_sorted, offsets = _sorted_input(T, K, E, k, 2)
     shape = (E, N, K) if trans_b else (E, K, N)
-    wg, wu = torch.randn(shape), torch.randn(shape)
+    wg, wu = torch.randn(shape, device=DEV), torch.randn(shape, device=DEV)
     h, g, u = moe.grouped_swiglu(x_sorted, wg, wu, offsets, trans_b, save_preact=True)
     g_ref = moe.grouped_matmul_ref(x_sorted, wg, offsets, trans_b)
     u_ref = moe.grouped_matmul_ref(x_sorted, wu, offsets, trans_b)
@@ -175,15 +183,15 @@ def test_grouped_swiglu_fuses_gate_and_up(trans_b):
 def test_swiglu_backward_epilogue_and_accumulate(trans_b):
     T, D, F_, E, k = 13, 24, 40, 6, 2
     _, _, _, dy, offsets = _sorted_input(T, D, E, k, 2)
-    g_, u_ = torch.randn(dy.shape[0], F_), torch.randn(dy.shape[0], F_)
-    w_down = torch.randn((E, D, F_) if trans_b else (E, F_, D))
+    g_, u_ = torch.randn(dy.shape[0], F_, device=DEV), torch.randn(dy.shape[0], F_, device=DEV)
+    w_down = torch.randn((E, D, F_) if trans_b else (E, F_, D), device=DEV)
     dg, du = moe.grouped_swiglu_backward(dy, w_down, guarded(g_), guarded(u_), offsets, trans_b)
     dh = moe.grouped_matmul_ref(dy, w_down, offsets, not trans_b)
     gr, ur = g_.clone().requires_grad_(), u_.clone().requires_grad_()
     (F.silu(gr) * ur).backward(dh)
     torch.testing.assert_close(dg, gr.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(du, ur.grad, rtol=1e-5, atol=1e-5)
-    out = torch.randn(dy.shape[0], F_)
+    out = torch.randn(dy.shape[0], F_, device=DEV)
     want = out + dh
     assert moe.grouped_matmul_add_(out, dy, w_down, offsets, not trans_b) is out
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
@@ -193,19 +201,49 @@ def test_swiglu_backward_epilogue_and_accumulate(trans_b):
         moe.grouped_matmul_add_(out[:3], dy, w_down, offsets, not trans_b)
 
 
+def test_accumulate_adds_once_when_the_autotuner_reruns_it(monkeypatch):
+    """On a GPU the autotuner times every config on a shape's first call, running the kernel many
+    times on the real arguments: ``out += x @ w`` must still add once (``restore_value``). The
+    interpreter has one config, so two are forced here and timed by a stub that runs each 3x."""
+    tuned = moe.grouped._grouped_mm_tuned
+    one = tuned.configs[0]
+    two = triton.Config(dict(one.kwargs), num_warps=2 * one.num_warps, num_stages=one.num_stages)
+
+    def bench(kernel_call, quantiles=None):
+        for _ in range(3):
+            kernel_call()
+        return [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(tuned, "configs", [one, two])
+    monkeypatch.setattr(tuned, "cache", {})
+    monkeypatch.setitem(tuned.__dict__, "do_bench", bench)  # (a cached_property on the class)
+    T, D, F_, E, k = 13, 24, 40, 6, 2
+    _, _, _, dy, offsets = _sorted_input(T, D, E, k, 2)
+    w_down = torch.randn(E, D, F_, device=DEV)
+    out = torch.randn(dy.shape[0], F_, device=DEV)
+    want = out + moe.grouped_matmul_ref(dy, w_down, offsets)
+    moe.grouped_matmul_add_(out, dy, w_down, offsets)
+    assert len(tuned.cache) == 1  # the autotuner did run its two configs
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
 def test_no_rows_and_torch_grouped_mm():
-    w = torch.randn(3, 8, 5)
-    empty = moe.grouped_matmul(torch.randn(0, 8), w, torch.zeros(4, dtype=torch.int32))
+    w = torch.randn(3, 8, 5, device=DEV)
+    empty = moe.grouped_matmul(
+        torch.randn(0, 8, device=DEV), w, torch.zeros(4, dtype=torch.int32, device=DEV)
+    )
     assert empty.shape == (0, 5)
     dw = moe.grouped_matmul_dw(
-        torch.randn(0, 8), torch.randn(0, 5), torch.zeros(4, dtype=torch.int32)
+        torch.randn(0, 8, device=DEV),
+        torch.randn(0, 5, device=DEV),
+        torch.zeros(4, dtype=torch.int32, device=DEV),
     )
     assert dw.shape == (3, 8, 5) and (dw == 0).all()
     # torch._grouped_mm: present in this PyTorch (2.13) and runs on the CPU; it agrees with ours
     assert moe.torch_grouped_mm_available("cpu", torch.float32) == hasattr(torch, "_grouped_mm")
-    if moe.torch_grouped_mm_available("cpu", torch.float32):
+    if moe.torch_grouped_mm_available(DEV, torch.float32):
         _, _, _, x_sorted, offsets = _sorted_input(13, 40, 6, 2, 2)
-        w = torch.randn(6, 40, 24)
+        w = torch.randn(6, 40, 24, device=DEV)
         torch.testing.assert_close(moe.grouped_matmul_torch(x_sorted, w, offsets),
                                    moe.grouped_matmul_ref(x_sorted, w, offsets), rtol=1e-5, atol=1e-5)  # fmt: skip
 
@@ -226,13 +264,17 @@ def _layer_inputs(T, D, F_, E, trans_b, n_empty, seed=0):
     gate_shape = (E, F_, D) if trans_b else (E, D, F_)
     down_shape = (E, D, F_) if trans_b else (E, F_, D)
     ins = [
-        torch.randn(T, D, generator=g),
-        torch.randn(E, D, generator=g) * D**-0.5,
-        torch.randn(gate_shape, generator=g) * D**-0.5,
-        torch.randn(gate_shape, generator=g) * D**-0.5,
-        torch.randn(down_shape, generator=g) * F_**-0.5,
+        torch.randn(T, D, generator=g).to(DEV),
+        torch.randn(E, D, generator=g).to(DEV) * D**-0.5,
+        torch.randn(gate_shape, generator=g).to(DEV) * D**-0.5,
+        torch.randn(gate_shape, generator=g).to(DEV) * D**-0.5,
+        torch.randn(down_shape, generator=g).to(DEV) * F_**-0.5,
     ]
-    bias = None if n_empty is None else moe.skewed_bias(E, zipf=0.5, n_empty=n_empty, seed=seed)
+    bias = (
+        None
+        if n_empty is None
+        else moe.skewed_bias(E, zipf=0.5, n_empty=n_empty, seed=seed).to(DEV)
+    )
     return ins, bias
 
 
@@ -246,7 +288,7 @@ def test_moe_layer_forward_and_gradients(T, D, F_, E, k, scoring, norm, trans_b,
     ref = moe.moe_layer_ref(*refs, **kw)
     assert out.dtype == torch.float32 and out.shape == (T, D)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    grad = torch.randn(T, D, generator=torch.Generator().manual_seed(9))
+    grad = torch.randn(T, D, generator=torch.Generator().manual_seed(9)).to(DEV)
     out.backward(grad)
     ref.backward(grad)
     for name, a, b in zip(("x", "router_w", "w_gate", "w_up", "w_down"), ours, refs):
@@ -271,19 +313,21 @@ def test_moe_layer_without_grad_and_partial_grads():
 
 
 def test_bad_routing_and_permute_input():
-    x, ids = torch.randn(4, 8), torch.zeros(4, 2, dtype=torch.int32)
+    x, ids = torch.randn(4, 8, device=DEV), torch.zeros(4, 2, dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match="top_k must be at most n_experts"):
-        moe.route(torch.randn(4, 3), 4)
+        moe.route(torch.randn(4, 3, device=DEV), 4)
     with pytest.raises(ValueError, match="scoring must be one of"):
-        moe.route(torch.randn(4, 3), 1, "relu")
+        moe.route(torch.randn(4, 3, device=DEV), 1, "relu")
     with pytest.raises(ValueError, match="bias must be"):
-        moe.route(torch.randn(4, 3), 1, bias=torch.zeros(4))
+        moe.route(torch.randn(4, 3, device=DEV), 1, bias=torch.zeros(4, device=DEV))
     with pytest.raises(ValueError, match=r"expert_ids holds expert 4, outside \[0, n_experts\)"):
-        moe.permute(x, torch.tensor([[0, 1], [4, 0], [1, 1], [2, 3]], dtype=torch.int32), 4)
+        moe.permute(
+            x, torch.tensor([[0, 1], [4, 0], [1, 1], [2, 3]], dtype=torch.int32, device=DEV), 4
+        )
     with pytest.raises(ValueError, match="expert_ids holds expert -1"):
-        moe.permute(x, torch.full((4, 2), -1, dtype=torch.int32), 4)
+        moe.permute(x, torch.full((4, 2), -1, dtype=torch.int32, device=DEV), 4)
     with pytest.raises(ValueError, match="expert_ids must have one row per token"):
-        moe.permute(x, torch.zeros(3, 2, dtype=torch.int32), 4)
+        moe.permute(x, torch.zeros(3, 2, dtype=torch.int32, device=DEV), 4)
     with pytest.raises(TypeError, match="expert_ids must have dtype"):
         moe.permute(x, ids.float(), 4)
     with pytest.raises(TypeError, match="x must have dtype"):
@@ -294,28 +338,28 @@ def test_bad_routing_and_permute_input():
     with pytest.raises(ValueError, match="y_sorted must have n_tokens \\* top_k = 8 rows"):
         moe.unpermute(x_sorted[:7], h)
     with pytest.raises(ValueError, match="weights must be \\[n_tokens, top_k\\]"):
-        moe.unpermute(x_sorted, h, torch.ones(4, 3))
+        moe.unpermute(x_sorted, h, torch.ones(4, 3, device=DEV))
     with pytest.raises(TypeError, match="weights must have dtype"):
-        moe.unpermute(x_sorted, h, torch.ones(4, 2, dtype=torch.float64))
+        moe.unpermute(x_sorted, h, torch.ones(4, 2, dtype=torch.float64, device=DEV))
     with pytest.raises(TypeError, match="handle must be the Permutation"):
         moe.unpermute(x_sorted, "handle")
 
 
 def test_bad_grouped_matmul_input():
-    x, w = torch.randn(6, 8), torch.randn(3, 8, 5)
-    offs = torch.tensor([0, 2, 2, 6], dtype=torch.int32)
+    x, w = torch.randn(6, 8, device=DEV), torch.randn(3, 8, 5, device=DEV)
+    offs = torch.tensor([0, 2, 2, 6], dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match="offsets must have n_experts \\+ 1 = 4 entries"):
         moe.grouped_matmul(x, w, offs[:3])
     with pytest.raises(ValueError, match="offsets must start at 0 and end at the number of rows"):
-        moe.grouped_matmul(x, w, torch.tensor([0, 2, 2, 5], dtype=torch.int32))
+        moe.grouped_matmul(x, w, torch.tensor([0, 2, 2, 5], dtype=torch.int32, device=DEV))
     with pytest.raises(ValueError, match="offsets must start at 0"):
-        moe.grouped_matmul(x, w, torch.tensor([1, 2, 2, 6], dtype=torch.int32))
+        moe.grouped_matmul(x, w, torch.tensor([1, 2, 2, 6], dtype=torch.int32, device=DEV))
     with pytest.raises(ValueError, match="offsets must be non-decreasing"):
-        moe.grouped_matmul(x, w, torch.tensor([0, 4, 2, 6], dtype=torch.int32))
+        moe.grouped_matmul(x, w, torch.tensor([0, 4, 2, 6], dtype=torch.int32, device=DEV))
     with pytest.raises(TypeError, match="offsets must have dtype"):
         moe.grouped_matmul(x, w, offs.long())
     with pytest.raises(ValueError, match="weights must be \\[E, K, N\\] with K = x_sorted.shape"):
-        moe.grouped_matmul(x, torch.randn(3, 7, 5), offs)
+        moe.grouped_matmul(x, torch.randn(3, 7, 5, device=DEV), offs)
     with pytest.raises(ValueError, match="weights must be \\[E, N, K\\]"):
         moe.grouped_matmul(x, w, offs, trans_b=True)
     with pytest.raises(ValueError, match="weights must be 3-D"):
@@ -325,9 +369,9 @@ def test_bad_grouped_matmul_input():
     with pytest.raises(TypeError, match="x_sorted must have dtype"):
         moe.grouped_matmul(x.long(), w, offs)
     with pytest.raises(ValueError, match="dy_sorted must have x_sorted's 6 rows"):
-        moe.grouped_matmul_dw(x, torch.randn(5, 5), offs)
+        moe.grouped_matmul_dw(x, torch.randn(5, 5, device=DEV), offs)
     with pytest.raises(ValueError, match="w_gate and w_up must have the same shape"):
-        moe.grouped_swiglu(x, w, torch.randn(3, 8, 4), offs)
+        moe.grouped_swiglu(x, w, torch.randn(3, 8, 4, device=DEV), offs)
 
 
 def test_bad_layer_input():
@@ -344,7 +388,7 @@ def test_bad_layer_input():
     with pytest.raises(ValueError, match="top_k must be a positive int"):
         moe.moe_layer(x, router_w, wg, wu, wd, 0)
     with pytest.raises(ValueError, match="router_bias must be"):
-        moe.moe_layer(x, router_w, wg, wu, wd, 1, router_bias=torch.zeros(3))
+        moe.moe_layer(x, router_w, wg, wu, wd, 1, router_bias=torch.zeros(3, device=DEV))
 
 
 def test_moe_benchmark_runs_in_quick_mode():

@@ -82,7 +82,10 @@ def run_experts(d: Dispatched, w_gate, w_up, w_down, trans_b: bool = False) -> t
     """Phase 2: this rank's experts on the rows it received; results in arrival order."""
     world, per = d.recv_counts.shape
     local = torch.arange(per, device=d.recv.device).repeat(world)
-    local_ids = torch.repeat_interleave(local, d.recv_counts.reshape(-1))[:, None]
+    # output_size: the row count is known on the host (no second sync to size the result).
+    local_ids = torch.repeat_interleave(
+        local, d.recv_counts.reshape(-1), output_size=d.recv.shape[0]
+    )[:, None]
     xs, offsets, handle = permute(d.recv, local_ids, per)
     ys = expert_ffn(xs, offsets, w_gate, w_up, w_down, trans_b)
     return unpermute(ys, handle)  # one choice per row, no weights: back to arrival order

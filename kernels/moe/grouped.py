@@ -302,6 +302,9 @@ _grouped_mm_tuned = triton.autotune(
         "stride_wn",
     ],  # fmt: skip
     prune_configs_by={"early_config_prune": _prune_swiglu},
+    # Tuning runs the kernel many times on the caller's tensors: ACCUMULATE (y += x @ w) would
+    # add once per run. y is copied before each timed run and put back after it.
+    restore_value=["y_ptr"],
 )(_grouped_mm_kernel)
 
 _grouped_dw_tuned = triton.autotune(

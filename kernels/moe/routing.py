@@ -93,7 +93,11 @@ def _gather_rows_kernel(
         ok = row_ok[:, None] & (cols < D)[None, :]
         v = tl.load(src + cols[None, :], mask=ok, other=0.0)
         if DOT:
-            y = tl.load(y_ptr + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :], mask=ok)
+            # other=0.0: on a GPU a masked lane without it holds whatever the register held (the
+            # interpreter gives 0), and 0 * NaN would poison the row's dot.
+            y = tl.load(
+                y_ptr + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :], mask=ok, other=0.0
+            )
             dot += tl.sum(v.to(tl.float32) * y.to(tl.float32), 1)
         if HAS_SCALE:
             v = v.to(tl.float32) * scale[:, None]
