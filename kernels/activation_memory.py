@@ -9,7 +9,8 @@ of the same ops keeps. What it does not see, and ``torch.cuda.memory_stats`` /
 ``max_memory_allocated`` would add: temporaries that die within the forward or backward pass
 (the peak of a step includes the largest of them), the gradients and optimizer state, the
 allocator's rounding (blocks of 512 bytes) and fragmentation, cuBLAS / cuDNN workspaces, and
-tensors a kernel keeps outside autograd. ``scripts/gpu/activation_probe.py`` measures both on a GPU.
+tensors a kernel keeps outside autograd. ``profile_step`` measures both on a GPU, layer by layer,
+and times the step (``scripts/gpu/activation_probe.py`` and Lab 5d print it).
 
 **The model.** The course's decoder (``kernels.decoder.Decoder``, inference-only) is run for
 training through its own layer function, ``Decoder._layer``, with gradients enabled:
@@ -57,9 +58,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from kernels import bench, planner
 from kernels import decoder as dec
 from kernels import perfmodel as pm
-from kernels import planner
 
 RECOMPUTE = ("none", "selective", "full")
 NORMS = ("composite", "fused")
@@ -181,6 +182,11 @@ def forward_train(
     return F.linear(h, model.lm_head)
 
 
+def _loss(logits: torch.Tensor) -> torch.Tensor:
+    # A scalar that needs every logit's gradient (no labels needed: the weights are random).
+    return logits.float().logsumexp(-1).mean()
+
+
 @dataclasses.dataclass(frozen=True)
 class Measurement:
     """Saved-for-backward bytes of one forward pass: per layer, and around the layers."""
@@ -201,7 +207,7 @@ def measure(model: dec.Decoder, tokens: torch.Tensor, recompute: str = "none") -
     counter = SavedTensorCounter(exclude=model.parameters())
     with counter:
         logits = forward_train(model, tokens, recompute, counter)
-    logits.float().logsumexp(-1).mean().backward()
+    _loss(logits).backward()
     n = model.cfg.n_layers
     by = counter.bytes
     return Measurement([by.get(str(i), 0) for i in range(n)], by.get("embed", 0), by.get("head", 0))
@@ -221,18 +227,31 @@ def decoder_layer_bytes(
     """Bytes one layer of ``kernels.decoder`` keeps for backward (see the module docstring), for
     ``b`` sequences of ``s`` tokens. ``norm``: PyTorch's composite RMSNorm (the CPU path) or a
     fused one. The formula lives in ``planner.decoder_activation_bytes_per_layer`` (with tensor
-    and sequence parallelism), which the planner uses for ``Model(activations="decoder")``."""
+    and sequence parallelism), which the planner uses for ``Model(activations="decoder")``;
+    ``decoder_layer_terms`` splits it by op."""
+    return sum(decoder_layer_terms(cfg, s, b, dtype, recompute, norm).values())
+
+
+def decoder_layer_terms(
+    cfg: pm.TransformerConfig,
+    s: int,
+    b: int,
+    dtype: torch.dtype = torch.bfloat16,
+    recompute: str = "none",
+    norm: str = "composite",
+) -> dict[str, int]:
+    """``decoder_layer_bytes`` term by term (``planner.decoder_activation_terms``): norms,
+    attention, log-sum-exp and MLP, or the layer input under full recomputation."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
     e = torch.empty((), dtype=dtype).element_size()
-    a, g = cfg.n_heads, cfg.n_kv_heads
-    return int(
-        planner.decoder_activation_bytes_per_layer(
-            s, b, cfg.d_model, a, g, cfg.d_ff, recompute=recompute, bytes_per_element=e, norm=norm
-        )
-    )
+    terms = planner.decoder_activation_terms(
+        s, b, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, recompute=recompute,
+        bytes_per_element=e, norm=norm,
+    )  # fmt: skip
+    return {k: int(v) for k, v in terms.items()}
 
 
 def rope_table_bytes(cfg: pm.TransformerConfig, s: int, b: int, dtype=torch.bfloat16) -> int:
@@ -245,3 +264,100 @@ def paper_layer_bytes(cfg: pm.TransformerConfig, s: int, b: int, recompute: str 
     """Korthikanti et al.'s count for a GPT layer of the same ``s, b, h, a`` (2-byte activations):
     the reference point (``planner.activation_bytes_per_layer``)."""
     return planner.activation_bytes_per_layer(s, b, cfg.d_model, cfg.n_heads, recompute=recompute)
+
+
+# ----------------------------------------------------------------------------- one step, profiled
+
+
+def profile_step(
+    model: dec.Decoder,
+    tokens: torch.Tensor,
+    recompute: str = "none",
+    *,
+    time_step: bool = True,
+    rep_ms: float = 100,
+) -> dict:
+    """Everything the course measures about one training step of ``model`` on ``tokens`` under
+    one recomputation policy, as a JSON-ready dict (``scripts/gpu/activation_probe.py`` and Lab 5d
+    print it):
+
+    - ``saved_per_layer``, ``saved_embed``, ``saved_head``: bytes saved for backward
+      (``measure``: the saved-tensor counter, device-independent);
+    - ``closed_composite``, ``closed_fused``: ``decoder_layer_bytes`` per layer with PyTorch's
+      composite RMSNorm and with a fused one (a GPU build may fuse ``F.rms_norm``; the one the
+      counter matches says which path ran); ``rope_tables`` (held once, by the first layer);
+      ``paper``: Korthikanti et al.'s count for the same ``s, b, h, a``;
+    - on CUDA, from the caching allocator, with a mark at each layer boundary:
+      ``allocated_per_layer`` (``memory_allocated`` after a layer's forward minus before it: what
+      the layer leaves allocated, its saved tensors plus its output minus the input it frees),
+      ``peak_per_layer`` (``max_memory_allocated`` during the layer minus the allocation at its
+      start: the held bytes plus its largest transient buffers), ``fwd_peak_bytes`` /
+      ``fwd_held_bytes`` (the forward's peak and what it leaves, above the allocation before it)
+      and ``step_peak_bytes`` (the peak through the backward pass as well);
+    - ``step_ms`` (``time_step``): the median forward+backward time (``bench.measure``, ``rep_ms``
+      of repetitions on a GPU; a CPU time on a CPU).
+    """
+    cfg, (b, s) = model.cfg, tokens.shape
+    m = measure(model, tokens, recompute)
+    row = {
+        "recompute": recompute,
+        "saved_per_layer": m.per_layer,
+        "saved_embed": m.embed,
+        "saved_head": m.head,
+        "closed_composite": decoder_layer_bytes(cfg, s, b, model.dtype, recompute, "composite"),
+        "closed_fused": decoder_layer_bytes(cfg, s, b, model.dtype, recompute, "fused"),
+        "rope_tables": rope_table_bytes(cfg, s, b, model.dtype),
+        "paper": paper_layer_bytes(cfg, s, b, recompute),
+    }
+    if tokens.is_cuda:
+        row |= _allocator_profile(model, tokens, recompute)
+    if time_step:
+
+        def step():
+            _loss(forward_train(model, tokens, recompute)).backward()
+
+        row["step_ms"] = bench.measure(step, rep_ms=rep_ms).ms
+        model.zero_grad(set_to_none=True)
+    return row
+
+
+def _allocator_profile(model: dec.Decoder, tokens: torch.Tensor, recompute: str) -> dict:
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    starts: dict[str, int] = {}
+    peaks: dict[str, int] = {}
+    order: list[str] = []
+
+    def close_segment() -> None:  # the peak since the last mark, relative to its start
+        if order:
+            peaks[order[-1]] = torch.cuda.max_memory_allocated() - starts[order[-1]]
+
+    def on_mark(label: str) -> None:
+        # The allocator's counters move when a kernel is *launched* (allocation is host-side), so
+        # reading them needs no synchronisation.
+        close_segment()
+        order.append(label)
+        starts[label] = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+
+    logits = forward_train(model, tokens, recompute, on_mark=on_mark)
+    close_segment()
+    end = torch.cuda.memory_allocated()
+    fwd_peak = max(starts[k] + peaks[k] for k in order) - before
+    layers = [str(i) for i in range(model.cfg.n_layers)]
+    bounds = [*layers, "head"]
+    out = {
+        "allocated_per_layer": [starts[n] - starts[c] for c, n in zip(bounds, bounds[1:])],
+        "peak_per_layer": [peaks[c] for c in layers],
+        "fwd_peak_bytes": fwd_peak,
+        "fwd_held_bytes": end - before,
+    }
+    torch.cuda.reset_peak_memory_stats()
+    _loss(logits).backward()
+    torch.cuda.synchronize()
+    out["step_peak_bytes"] = max(fwd_peak, torch.cuda.max_memory_allocated() - before)
+    del logits
+    model.zero_grad(set_to_none=True)
+    return out

@@ -376,6 +376,41 @@ def activation_bytes_per_layer(
     return unsharded + sharded + scores
 
 
+def decoder_activation_terms(
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    kv_heads: int,
+    ffn: int,
+    t: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    *,
+    bytes_per_element: int = 2,
+    norm: str = "fused",
+) -> dict[str, float]:
+    """``decoder_activation_bytes_per_layer`` term by term, per GPU: ``{"norms", "attention",
+    "log-sum-exp", "MLP"}`` (the log-sum-exp is 0 under selective recomputation), or
+    ``{"layer input"}`` under full recomputation. Their sum is the layer's bytes."""
+    _check_recompute(recompute)
+    if norm not in ("fused", "composite"):
+        raise ValueError(f"norm must be 'fused' or 'composite', got {norm!r}")
+    e, sb = bytes_per_element, s * b
+    if recompute == "full":
+        return {"layer input": e * sb * h / (t if sp else 1)}
+    d = h // a
+    one_norm = (2 * e if norm == "fused" else 8 + e) * sb * h + 4 * sb
+    # rotated q and k; the QKV output (v views it); the attention output
+    attention = e * sb * d * (a + kv_heads) + e * sb * d * (a + 2 * kv_heads) + e * sb * h
+    return {
+        "norms": 2 * one_norm / (t if sp else 1),
+        "attention": attention / t,
+        "log-sum-exp": (4 * sb * a if recompute == "none" else 0) / t,
+        "MLP": 4 * e * sb * ffn / t,
+    }
+
+
 def decoder_activation_bytes_per_layer(
     s: int,
     b: int,
@@ -403,19 +438,11 @@ def decoder_activation_bytes_per_layer(
 
     Tensor parallelism divides attention and MLP by ``t`` (heads and ``ffn`` split; assumes ``t``
     divides ``kv_heads``); the norms only with sequence parallelism. Full recomputation keeps the
-    layer input, ``e·sbh`` (``/t`` with SP)."""
-    _check_recompute(recompute)
-    if norm not in ("fused", "composite"):
-        raise ValueError(f"norm must be 'fused' or 'composite', got {norm!r}")
-    e, sb = bytes_per_element, s * b
-    if recompute == "full":
-        return e * sb * h / (t if sp else 1)
-    d = h // a
-    one_norm = (2 * e if norm == "fused" else 8 + e) * sb * h + 4 * sb
-    lse = 4 * sb * a if recompute == "none" else 0
-    attention = e * sb * d * (a + kv_heads) + e * sb * d * (a + 2 * kv_heads) + e * sb * h + lse
-    mlp = 4 * e * sb * ffn
-    return 2 * one_norm / (t if sp else 1) + (attention + mlp) / t
+    layer input, ``e·sbh`` (``/t`` with SP). ``decoder_activation_terms`` gives the terms."""
+    terms = decoder_activation_terms(
+        s, b, h, a, kv_heads, ffn, t, sp, recompute, bytes_per_element=bytes_per_element, norm=norm
+    )
+    return sum(terms.values())
 
 
 def memory(

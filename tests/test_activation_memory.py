@@ -8,6 +8,7 @@ import torch
 
 from kernels import activation_memory as AM
 from kernels import decoder as dec
+from kernels import device
 from kernels import perfmodel as pm
 
 # (s, b, h, heads, kv heads, d_ff, dtype): odd sequence lengths, GQA and MHA, bf16 and fp32.
@@ -146,3 +147,75 @@ def test_planner_decoder_form_with_tp_and_sp():
         P.Model("m", 3, h, a, g, ffn, 100, s, activations="measured")
     with pytest.raises(ValueError, match="norm must be 'fused' or 'composite'"):
         f(s, b, h, a, g, ffn, norm="layer")
+
+
+@pytest.mark.parametrize("norm", AM.NORMS)
+def test_layer_terms_add_up_to_the_closed_form(norm):
+    cfg = pm.TransformerConfig(
+        "t", d_model=96, n_layers=1, n_heads=6, n_kv_heads=2, d_ff=200, vocab=8
+    )
+    s, b, e = 13, 3, 2
+    for rc in AM.RECOMPUTE:
+        terms = AM.decoder_layer_terms(cfg, s, b, torch.bfloat16, rc, norm)
+        assert sum(terms.values()) == AM.decoder_layer_bytes(cfg, s, b, torch.bfloat16, rc, norm)
+        if rc == "full":
+            assert terms == {"layer input": e * s * b * 96}
+        else:
+            assert list(terms) == ["norms", "attention", "log-sum-exp", "MLP"]
+            assert terms["log-sum-exp"] == (4 * s * b * 6 if rc == "none" else 0)
+            assert terms["MLP"] == 4 * e * s * b * 200
+    # The planner's terms, with tensor and sequence parallelism, add up to its total too.
+    from kernels import planner as P
+
+    for t, sp in ((1, False), (2, False), (2, True), (3, True)):
+        got = P.decoder_activation_terms(s, b, 96, 6, 2, 200, t, sp, norm=norm)
+        total = P.decoder_activation_bytes_per_layer(s, b, 96, 6, 2, 200, t, sp, norm=norm)
+        assert sum(got.values()) == pytest.approx(total, rel=1e-12)
+        assert got["norms"] == pytest.approx(
+            P.decoder_activation_terms(s, b, 96, 6, 2, 200, norm=norm)["norms"] / (t if sp else 1)
+        )
+    with pytest.raises(ValueError, match="norm must be one of"):
+        AM.decoder_layer_terms(cfg, s, b, norm="layer")
+
+
+def test_profile_step_on_the_cpu():
+    cfg, model = _model(64, 2, 1, 96, torch.bfloat16, layers=3)
+    tokens = torch.randint(cfg.vocab, (2, 11), generator=torch.Generator().manual_seed(2))
+    for rc in AM.RECOMPUTE:
+        row = AM.profile_step(model, tokens, rc, time_step=rc == "none")
+        m = AM.measure(model, tokens, rc)
+        assert row["recompute"] == rc and row["saved_per_layer"] == m.per_layer
+        assert (row["saved_embed"], row["saved_head"]) == (m.embed, m.head)
+        closed = AM.decoder_layer_bytes(cfg, 11, 2, torch.bfloat16, rc, "composite")
+        assert row["closed_composite"] == closed == row["saved_per_layer"][-1]  # exact on a CPU
+        assert row["closed_fused"] == AM.decoder_layer_bytes(
+            cfg, 11, 2, torch.bfloat16, rc, "fused"
+        )
+        assert row["paper"] == AM.paper_layer_bytes(cfg, 11, 2, rc)
+        assert row["rope_tables"] == AM.rope_table_bytes(cfg, 11, 2)
+        assert "allocated_per_layer" not in row  # the allocator's view needs CUDA tensors
+        assert ("step_ms" in row) == (rc == "none")
+    assert row["closed_composite"] == 2 * 11 * 2 * 64  # full: the layer input, bf16
+    assert AM.profile_step(model, tokens, "none")["step_ms"] > 0
+    assert all(p.grad is None for p in model.parameters())  # the timed steps' gradients dropped
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU")
+def test_profile_step_allocator_on_a_gpu():
+    # Layers past the first leave allocated what they save (their output replaces their input):
+    # within 10% of the closed form the counter matches, and never less than the counter.
+    cfg = pm.TransformerConfig(
+        "t", d_model=512, n_layers=3, n_heads=4, n_kv_heads=1, d_ff=1376, vocab=512
+    )
+    model = AM.trainable(dec.Decoder(cfg, dtype=torch.bfloat16, device="cuda", max_position=1024))
+    tokens = torch.randint(cfg.vocab, (1, 1024), device="cuda")
+    for rc in AM.RECOMPUTE:
+        row = AM.profile_step(model, tokens, rc, time_step=False)
+        saved = row["saved_per_layer"][-1]
+        closed = min((row["closed_composite"], row["closed_fused"]), key=lambda c: abs(c - saved))
+        assert saved == pytest.approx(closed, rel=0.10), (rc, saved, closed)
+        for alloc, peak in zip(row["allocated_per_layer"][1:], row["peak_per_layer"][1:]):
+            assert alloc == pytest.approx(closed, rel=0.10), (rc, alloc, closed)
+            assert peak >= alloc
+        assert row["step_peak_bytes"] >= row["fwd_peak_bytes"] >= row["fwd_held_bytes"] > 0

@@ -15,6 +15,8 @@ For each recomputation policy (none, selective, full) on ``decoder.BRRR_2B`` in 
   buffers, workspaces and allocator rounding the hook count does not see);
 - the median time of a forward+backward step, and its overhead over no recomputation.
 
+The measurement is ``kernels.activation_memory.profile_step``; this script prints it.
+
 On a CPU it runs the hook count only, at the TINY shape (to test the script).
 """
 
@@ -29,52 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kernels import activation_memory as AM  # noqa: E402
-from kernels import bench, device  # noqa: E402
 from kernels import decoder as dec  # noqa: E402
-
-
-def probe(model: dec.Decoder, tokens: torch.Tensor, recompute: str, gpu: bool) -> dict:
-    cfg, (b, s) = model.cfg, tokens.shape
-    m = AM.measure(model, tokens, recompute)
-    row = {
-        "recompute": recompute,
-        "saved_per_layer": m.per_layer,
-        "saved_embed": m.embed,
-        "saved_head": m.head,
-        "closed_composite": AM.decoder_layer_bytes(cfg, s, b, model.dtype, recompute, "composite"),
-        "closed_fused": AM.decoder_layer_bytes(cfg, s, b, model.dtype, recompute, "fused"),
-        "rope_tables": AM.rope_table_bytes(cfg, s, b, model.dtype),
-        "paper": AM.paper_layer_bytes(cfg, s, b, recompute),
-    }
-    if not gpu:
-        return row
-    model.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    marks: dict[str, int] = {}
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    logits = AM.forward_train(
-        model,
-        tokens,
-        recompute,
-        on_mark=lambda lab: marks.__setitem__(lab, torch.cuda.memory_allocated()),
-    )
-    torch.cuda.synchronize()
-    row["fwd_peak_bytes"] = torch.cuda.max_memory_allocated() - before
-    row["fwd_held_bytes"] = torch.cuda.memory_allocated() - before
-    labels = [str(i) for i in range(cfg.n_layers)] + ["head"]
-    row["allocated_per_layer"] = [marks[nxt] - marks[cur] for cur, nxt in zip(labels, labels[1:])]
-    logits.float().logsumexp(-1).mean().backward()
-    torch.cuda.synchronize()
-    row["step_peak_bytes"] = torch.cuda.max_memory_allocated() - before
-    del logits
-
-    def step():
-        AM.forward_train(model, tokens, recompute).float().logsumexp(-1).mean().backward()
-
-    model.zero_grad(set_to_none=True)
-    row["step_ms"] = bench.measure(step).ms
-    return row
+from kernels import device  # noqa: E402
 
 
 def main() -> None:
@@ -91,10 +49,10 @@ def main() -> None:
     tokens = torch.randint(cfg.vocab, (a.batch, seq), device=model.device)
     print(device.describe())
     print(f"{cfg.name}: s={seq}, b={a.batch}, {cfg.n_layers} layers, bf16 (MiB per layer)")
-    rows = [probe(model, tokens, rc, gpu) for rc in AM.RECOMPUTE]
+    rows = [AM.profile_step(model, tokens, rc, time_step=gpu) for rc in AM.RECOMPUTE]
     mib = 2**20
     print(f"{'recompute':>10} {'saved/layer MiB':>16} {'composite':>10} {'fused':>8} {'paper':>8}"
-          + (f" {'alloc/layer':>12} {'fwd peak':>9} {'step peak':>10} {'step ms':>8} {'overhead':>9}"
+          + (f" {'alloc/layer':>12} {'peak/layer':>11} {'fwd peak':>9} {'step peak':>10} {'step ms':>8} {'overhead':>9}"
              if gpu else ""))  # fmt: skip
     base_ms = rows[0].get("step_ms")
     for r in rows:
@@ -105,7 +63,8 @@ def main() -> None:
         )
         if gpu:
             line += (
-                f" {r['allocated_per_layer'][-1] / mib:>12.2f} {r['fwd_peak_bytes'] / mib:>9.0f} "
+                f" {r['allocated_per_layer'][-1] / mib:>12.2f} {r['peak_per_layer'][-1] / mib:>11.2f}"
+                f" {r['fwd_peak_bytes'] / mib:>9.0f} "
                 f"{r['step_peak_bytes'] / mib:>10.0f} {r['step_ms']:>8.2f} "
                 f"{r['step_ms'] / base_ms - 1:>8.1%}"
             )
