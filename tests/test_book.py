@@ -180,7 +180,7 @@ def check_bootstrap(nb: dict, repo_url: str) -> list[str]:
     ):
         problems.append("first code cell does not import kernels.device")
     text = "\n".join(_output_text(o) for o in cells[0].get("outputs", []))
-    if not GPU_VENDOR.search(text):
+    if not pending_gpu_run(nb) and not GPU_VENDOR.search(text):  # a pending lab has no output yet
         problems.append("first code cell's stored output names no NVIDIA/AMD GPU (not a GPU run?)")
     return problems
 
@@ -772,6 +772,10 @@ def test_rules_catch_a_pending_lab_in_the_book_or_with_outputs():
     assert check_pending(clean, in_toc=True) == ["in _toc.yml before its GPU run"]
     cpu_run = dict(pending, cells=[_code(1, outputs=[{"output_type": "stream", "text": "x"}])])
     assert any("outputs" in p for p in check_pending(cpu_run, in_toc=False))
+    # its bootstrap is checked like any other, except for the device report it has not printed yet
+    unrun = dict(_nb(dict(_GOOD_FIRST, execution_count=None, outputs=[])), **pending)
+    assert check_bootstrap(unrun, _REPO) == []
+    assert check_bootstrap(dict(unrun, metadata={}), _REPO) != []
 
 
 def test_rules_catch_bad_act_pages():
