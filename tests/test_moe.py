@@ -203,7 +203,7 @@ def test_swiglu_backward_epilogue_and_accumulate(trans_b):
 
 def test_accumulate_adds_once_when_the_autotuner_reruns_it(monkeypatch):
     """On a GPU the autotuner times every config on a shape's first call, running the kernel many
-    times on the real arguments: ``out += x @ w`` must still add once (``restore_value``). The
+    times on the real arguments: ``out += x @ w`` must still add once (the autotuner's hooks). The
     interpreter has one config, so two are forced here and timed by a stub that runs each 3x."""
     tuned = moe.grouped._grouped_mm_tuned
     one = tuned.configs[0]
@@ -307,6 +307,38 @@ def test_moe_layer_without_grad_and_partial_grads():
     ref = ins[4].clone().requires_grad_()
     moe.moe_layer_ref(*ins[:4], ref, top_k=2).sum().backward()
     torch.testing.assert_close(w_down.grad, ref.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_loop_baseline_backward_stacks_expert_gradients_once():
+    # w[e] in a loop would make autograd write a full-size zero gradient per expert (SelectBackward);
+    # the baseline unbinds the weights, whose backward stacks the experts' gradients once.
+    ins, _ = _layer_inputs(10, 16, 12, 4, False, None)
+    leaves = [t.clone().requires_grad_() for t in ins]
+    out = moe.moe_layer_loop(*leaves, top_k=2)
+    seen, todo = set(), [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo += [n for n, _ in node.next_functions]
+    names = {type(n).__name__ for n in seen}
+    assert "UnbindBackward0" in names and "SelectBackward0" not in names, names
+
+
+def test_autotuner_restores_the_accumulator_between_timed_runs():
+    # On a GPU the autotuner runs each config many times on the caller's tensors; with ACCUMULATE
+    # (y += x @ w) its hooks must put y back after every run, and leave other variants alone.
+    tuner = moe.grouped._grouped_mm_tuned
+    y = torch.arange(6.0)
+    for accumulate in (True, False):
+        nargs = {"y_ptr": y, "ACCUMULATE": accumulate}
+        tuner.pre_hook(nargs)
+        y.add_(1.0)  # what one timed run of an accumulating kernel does
+        tuner.post_hook(nargs, exception=None)
+        want = torch.arange(6.0) + (0.0 if accumulate else 1.0)
+        torch.testing.assert_close(y, want)
+    tuner.pre_hook({"y_ptr": y, "ACCUMULATE": True}, reset_only=True)  # after tuning: no copy
+    assert not moe.grouped._accumulator
 
 
 # ----------------------------------------------------------------------------- bad input

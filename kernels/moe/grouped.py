@@ -288,6 +288,23 @@ def _grouped_dw_kernel(
     )
 
 
+# The autotuner times every config by running the kernel many times on the caller's tensors. With
+# ACCUMULATE the kernel reads y (y += x @ w), so each run would add once more into it and the first
+# call of a new key would return y + many products. The hooks save y before each timed run and put
+# it back after; the other variants only write y, and skip the copy.
+_accumulator: dict[str, torch.Tensor] = {}
+
+
+def _save_accumulator(nargs, reset_only: bool = False) -> None:
+    if nargs.get("ACCUMULATE") and not reset_only:
+        _accumulator["y"] = nargs["y_ptr"].clone()
+
+
+def _restore_accumulator(nargs, exception=None) -> None:
+    if "y" in _accumulator:
+        nargs["y_ptr"].copy_(_accumulator.pop("y"))
+
+
 _grouped_mm_tuned = triton.autotune(
     configs=_autotune_configs(_GPU_CONFIGS, _CPU_CONFIG, ("BLOCK_M", "BLOCK_N", "BLOCK_K")),
     key=[
@@ -302,9 +319,8 @@ _grouped_mm_tuned = triton.autotune(
         "stride_wn",
     ],  # fmt: skip
     prune_configs_by={"early_config_prune": _prune_swiglu},
-    # Tuning runs the kernel many times on the caller's tensors: ACCUMULATE (y += x @ w) would
-    # add once per run. y is copied before each timed run and put back after it.
-    restore_value=["y_ptr"],
+    pre_hook=_save_accumulator,  # y put back after every timed run of an accumulating variant
+    post_hook=_restore_accumulator,
 )(_grouped_mm_kernel)
 
 _grouped_dw_tuned = triton.autotune(

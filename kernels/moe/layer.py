@@ -174,9 +174,12 @@ def moe_layer_loop(
     """The eager baseline: for each expert, gather its tokens, run its MLP with ``torch.matmul``,
     scatter-add the weighted result (a host sync per expert to find its tokens). x's dtype."""
     ids, weights = route(router_logits(x, router_w, router_bias), top_k, scoring, norm_topk)
-    wg, wu, wd = (w.transpose(1, 2) if trans_b else w for w in (w_gate, w_up, w_down))
+    # unbind, not w[e] in the loop: the backward of w[e] writes a zero tensor of w's full size and
+    # adds it into the gradient, once per expert (256 passes over 7.5 GB per weight at DeepSeek-V3's
+    # shape); unbind's backward stacks the experts' gradients once, as separate parameters would.
+    wg, wu, wd = ((w.transpose(1, 2) if trans_b else w).unbind(0) for w in (w_gate, w_up, w_down))
     out = torch.zeros_like(x)
-    for e in range(wg.shape[0]):
+    for e in range(len(wg)):
         tok, j = torch.where(ids == e)
         if tok.numel() == 0:
             continue
