@@ -180,7 +180,8 @@ def check_bootstrap(nb: dict, repo_url: str) -> list[str]:
     ):
         problems.append("first code cell does not import kernels.device")
     text = "\n".join(_output_text(o) for o in cells[0].get("outputs", []))
-    if not GPU_VENDOR.search(text):
+    # A lab waiting for its first GPU run holds no outputs at all (check_pending): nothing to name.
+    if not pending_gpu_run(nb) and not GPU_VENDOR.search(text):
         problems.append("first code cell's stored output names no NVIDIA/AMD GPU (not a GPU run?)")
     return problems
 
@@ -772,6 +773,13 @@ def test_rules_catch_a_pending_lab_in_the_book_or_with_outputs():
     assert check_pending(clean, in_toc=True) == ["in _toc.yml before its GPU run"]
     cpu_run = dict(pending, cells=[_code(1, outputs=[{"output_type": "stream", "text": "x"}])])
     assert any("outputs" in p for p in check_pending(cpu_run, in_toc=False))
+    # its bootstrap is checked like any other, except for the GPU name its (absent) output prints
+    unrun = dict(_GOOD_FIRST, execution_count=None, outputs=[])
+    assert check_bootstrap(dict(pending, cells=[unrun]), _REPO) == []
+    assert check_bootstrap(_nb(unrun), _REPO) == [
+        "first code cell's stored output names no NVIDIA/AMD GPU (not a GPU run?)"
+    ]
+    assert check_bootstrap(dict(pending, cells=[dict(unrun, source="x = 1")]), _REPO) != []
 
 
 def test_rules_catch_bad_act_pages():
