@@ -181,6 +181,13 @@ def _check_pair(a: torch.Tensor, b: torch.Tensor) -> None:
         raise ValueError(f"a and b must be on one device, got {a.device} and {b.device}")
 
 
+def _cuda_sizes(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
+    """``(M, N, K)`` of ``a[M, K] @ b[K, N]`` (a pair ``_check_pair`` accepted), on a CUDA device."""
+    if a.device.type != "cuda":
+        raise ValueError(f"a and b must be CUDA tensors, got {a.device}")
+    return a.shape[0], b.shape[1], a.shape[1]
+
+
 def sgemm(
     a: torch.Tensor, b: torch.Tensor, step: int = 8, *, config: int | None = None
 ) -> torch.Tensor:
@@ -201,10 +208,7 @@ def sgemm(
             f"config must index SEARCH_SPACES[step] and step must be one of {sorted(SEARCH_SPACES)}; "
             f"got step={step}, config={config!r}"
         )
-    if a.device.type != "cuda":
-        raise ValueError(f"a and b must be CUDA tensors, got {a.device}")
-    M, K = a.shape
-    N = b.shape[1]
+    M, N, K = _cuda_sizes(a, b)
     if M == 0 or N == 0 or K == 0:
         return torch.zeros(M, N, device=a.device, dtype=a.dtype)
     searched = step in SEARCH_SPACES
@@ -373,10 +377,7 @@ def hgemm(a: torch.Tensor, b: torch.Tensor, step: int = HGEMM_DEFAULT_STEP) -> t
     reason = hgemm_unavailable_reason()
     if reason:
         raise RuntimeError(reason)
-    if a.device.type != "cuda":
-        raise ValueError(f"a and b must be CUDA tensors, got {a.device}")
-    M, K = a.shape
-    N = b.shape[1]
+    M, N, K = _cuda_sizes(a, b)
     if M == 0 or N == 0 or K == 0:
         return torch.zeros(M, N, device=a.device, dtype=a.dtype)
     bt = _k_major_b(b)
