@@ -55,7 +55,6 @@ import dataclasses
 from collections.abc import Callable, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from kernels import bench, planner
@@ -148,15 +147,7 @@ def forward_train(
     and ``on_mark(label)`` is called at each (a GPU probe reads the allocator there)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
-    if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.dtype != torch.long:
-        raise ValueError("tokens must be an int64 tensor [batch, T]")
-    b, t = tokens.shape
-    pos = torch.arange(t, device=tokens.device)[None].expand(b, t)
-    ctx = {
-        "mode": "full",
-        "cos": model.rope_cos[pos][:, :, None],
-        "sin": model.rope_sin[pos][:, :, None],
-    }
+    ctx = model._full_context(tokens)  # the decoder's own, as its forward_full builds it
 
     def mark(label):
         if counter is not None:
@@ -178,8 +169,7 @@ def forward_train(
             else:
                 x = model._layer(i, layer, x, None, ctx)
     mark("head")
-    h = F.rms_norm(x, (model.cfg.d_model,), model.norm, model.eps)
-    return F.linear(h, model.lm_head)
+    return model._head(x)
 
 
 def _loss(logits: torch.Tensor) -> torch.Tensor:

@@ -324,8 +324,11 @@ class Decoder(nn.Module):
         x = self.embed[tokens]
         for i, layer in enumerate(self.layers):
             x = self._layer(i, layer, x, cache, ctx)
-        x = F.rms_norm(x if all_logits else x[:, -1], (self.cfg.d_model,), self.norm, self.eps)
-        return F.linear(x, self.lm_head)
+        return self._head(x if all_logits else x[:, -1])
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the last layer's output ``x``: the final RMSNorm, then the LM head."""
+        return F.linear(F.rms_norm(x, (self.cfg.d_model,), self.norm, self.eps), self.lm_head)
 
     def _layer(self, i: int, layer: DecoderLayer, x, cache, ctx):
         cfg = self.cfg
@@ -381,19 +384,24 @@ class Decoder(nn.Module):
     @torch.inference_mode()
     def forward_full(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, T, vocab]`` of every position, without a cache: the reference."""
+        ctx = self._full_context(tokens)
+        x = self.embed[tokens]
+        for i, layer in enumerate(self.layers):
+            x = self._layer(i, layer, x, None, ctx)
+        return self._head(x)
+
+    def _full_context(self, tokens: torch.Tensor) -> dict:
+        """The ``_layer`` context of a cache-less pass over all of ``tokens: int64[B, T]``
+        (checked): positions ``0 .. T-1`` and their rotary rows."""
         if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.dtype != torch.long:
             raise ValueError("tokens must be an int64 tensor [batch, T]")
         b, t = tokens.shape
         pos = torch.arange(t, device=tokens.device)[None].expand(b, t)
-        ctx = {
+        return {
             "mode": "full",
             "cos": self.rope_cos[pos][:, :, None],
             "sin": self.rope_sin[pos][:, :, None],
         }
-        x = self.embed[tokens]
-        for i, layer in enumerate(self.layers):
-            x = self._layer(i, layer, x, None, ctx)
-        return F.linear(F.rms_norm(x, (self.cfg.d_model,), self.norm, self.eps), self.lm_head)
 
     # ------------------------------------------------------------------------- generation
 

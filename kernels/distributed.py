@@ -7,7 +7,9 @@ Launching (the notebooks and tests use these):
 - ``torchrun(script, nproc, args, backend=...)`` runs ``python -m torch.distributed.run`` on a worker
   script in ``scripts/dist/``; rank 0 writes its results as JSON to a temporary file and the call
   returns them as a dict. The environment is inherited (NCCL settings included) plus what gloo needs.
-- ``init_worker()`` and ``finish()`` are the first and last lines of every worker script.
+- ``init_worker()`` and ``finish()`` are the first and last lines of every worker script;
+  ``worker_parser`` starts its command line (``--check-only``, ``--reps``, ``--out``) and
+  ``seeded_randn`` draws the inputs every rank builds alike.
 - ``spawn(fn, nprocs, *args)`` runs ``fn(*args)`` on ``nprocs`` gloo processes started with
   ``torch.multiprocessing`` (the tests use it: no second interpreter to start per launch).
 - ``chunk_bounds`` (how ``numel`` elements split across ranks) and ``barrier`` (every rank waits,
@@ -28,6 +30,7 @@ Parallelism:
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -221,6 +224,28 @@ def init_worker(timeout_s: float = 300) -> Worker:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     dist.all_reduce(torch.zeros(1, device=device))
     return Worker(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+
+
+def worker_parser(doc: str, reps: int = 20) -> argparse.ArgumentParser:
+    """A worker script's argument parser, described by the first line of ``doc`` (its module
+    docstring), with the options every worker takes: ``--check-only`` (skip the timings),
+    ``--reps`` (timed repetitions) and ``--out`` (where rank 0 writes the JSON)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--check-only", action="store_true")
+    p.add_argument("--reps", type=int, default=reps)
+    p.add_argument("--out")
+    return p
+
+
+def seeded_randn(device: torch.device, dtype: torch.dtype, seed: int) -> Callable:
+    """``rand(*shape, scale=1.0)``: normal samples times ``scale`` from one generator seeded with
+    ``seed``, so every rank that draws the same shapes in the same order holds the same tensors."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen, device=device, dtype=dtype) * scale
+
+    return rand
 
 
 def finish(worker: Worker, result: dict, out: str | Path | None) -> None:

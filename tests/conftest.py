@@ -9,7 +9,7 @@ os.environ["GPU_BRRR_DEBUG"] = "1"
 import torch  # noqa: E402
 
 import kernels  # noqa: E402,F401
-from kernels import _validate  # noqa: E402
+from kernels import _validate, device  # noqa: E402
 
 _validate.debug(True)
 
@@ -43,3 +43,26 @@ def eager_and_graphed(fn):
     graph.replay()
     torch.cuda.synchronize()
     return eager, out
+
+
+# ----------------------------------------------------------------------------- MLA and DSA tests
+
+# Triton's interpreter computes bf16 wrongly (a known limitation): bf16 is checked on GPUs only.
+LATENT_DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if device.GPU_MODE else [])
+# Relative error (Frobenius) against the fp32 reference: 16-bit inputs and P rounded once, the
+# split merge in fp32.
+LATENT_TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}
+
+
+def latent_config(dtype, autotune=False):
+    """On a GPU one fixed tile per dtype (autotuning every case would compile six variants of
+    each: minutes, testing nothing more), except where ``autotune``; the interpreter's single
+    config otherwise."""
+    if not device.GPU_MODE or autotune:
+        return None
+    return (16, 16, 4, 1) if dtype == torch.float32 else (32, 32, 8, 2)
+
+
+def rel_err(out, ref):
+    """Relative Frobenius error of ``out`` against ``ref``, in fp64 (0 when both are zero)."""
+    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()

@@ -1,25 +1,11 @@
 import pytest
 import torch
+from conftest import LATENT_DTYPES, LATENT_TOL, latent_config, rel_err
 
 from kernels import device, dsa, mla
 
-# bf16 arithmetic is wrong in Triton's interpreter: 16-bit checks use fp16 there.
-DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if device.GPU_MODE else [])
-TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}
+DTYPES, TOL = LATENT_DTYPES, LATENT_TOL  # shared with test_mla.py (conftest)
 _I32 = torch.int32
-
-
-def _config(dtype, autotune=False):
-    """On a GPU one fixed tile per dtype (autotuning every case would compile six variants of
-    each: minutes, testing nothing more), except where ``autotune``; the interpreter's single
-    config otherwise."""
-    if not device.GPU_MODE or autotune:
-        return None
-    return (16, 16, 4, 1) if dtype == torch.float32 else (32, 32, 8, 2)
-
-
-def _rel_err(out, ref):
-    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
 def _indexer_args(c):
@@ -60,7 +46,7 @@ def test_indexer_fp16_and_n_ctx():
     assert got.shape == (2, 2, 50)
     fin = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(got), fin)
-    assert _rel_err(got[fin], ref[fin]) < 2e-3
+    assert rel_err(got[fin], ref[fin]) < 2e-3
 
 
 def test_indexer_dtype_follows_the_device():
@@ -86,7 +72,7 @@ def test_indexer_fp8_matches_reference(d_idx, config):
     ref = dsa.lightning_indexer_ref(q.float(), k.float(), w, table, pos)
     future = torch.isinf(ref)
     assert torch.equal(torch.isneginf(got), future)
-    assert _rel_err(got[~future], ref[~future]) < 1e-2
+    assert rel_err(got[~future], ref[~future]) < 1e-2
 
 
 # ----------------------------------------------------------------------------- top-k
@@ -163,10 +149,10 @@ def test_sparse_mla_matches_reference(seq_lens, n_queries, n_heads, r, d_rope, p
     if n_queries == 1:  # the decode layout: [B, H, ·] and indices [B, k]
         args = (args[0][:, 0], args[1][:, 0], *args[2:])
         idx = idx[:, 0]
-    got = dsa.sparse_mla(*args, idx, num_splits=splits, config=_config(dtype, k == 24))
+    got = dsa.sparse_mla(*args, idx, num_splits=splits, config=latent_config(dtype, k == 24))
     ref = dsa.sparse_mla_ref(*args, idx)
     assert got.shape == args[0].shape and got.dtype == dtype
-    assert _rel_err(got, ref) < TOL[dtype]
+    assert rel_err(got, ref) < TOL[dtype]
     empty = (idx < 0).all(-1)  # a query with no token gets zeros
     assert torch.equal(got[empty].float(), torch.zeros_like(got[empty].float()))
 

@@ -2,27 +2,11 @@ import math
 
 import pytest
 import torch
+from conftest import LATENT_DTYPES, LATENT_TOL, latent_config, rel_err
 
 from kernels import device, mla
 
-# Triton's interpreter computes bf16 wrongly (a known limitation): bf16 is checked on GPUs only.
-DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if device.GPU_MODE else [])
-# Relative error (Frobenius) against the fp32 reference: 16-bit inputs and P rounded once, the
-# split merge in fp32.
-TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}
-
-
-def _config(dtype, autotune=False):
-    """On a GPU one fixed tile per dtype (autotuning every case would compile six variants of
-    each: minutes, testing nothing more), except where ``autotune``; the interpreter's single
-    config otherwise."""
-    if not device.GPU_MODE or autotune:
-        return None
-    return (16, 16, 4, 1) if dtype == torch.float32 else (32, 32, 8, 2)
-
-
-def _rel_err(out, ref):
-    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+DTYPES, TOL = LATENT_DTYPES, LATENT_TOL  # shared with test_dsa.py (conftest)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -41,12 +25,12 @@ def test_matches_fp32_reference(seq_lens, n_heads, r, d_rope, page, splits, dtyp
     q, qr, kv, table, lens = mla.decode_case(
         seq_lens, n_heads, r, d_rope, block_size=page, dtype=dtype, seed=sum(seq_lens)
     )
-    config = _config(dtype, autotune=seq_lens == [1, 17, 100])
+    config = latent_config(dtype, autotune=seq_lens == [1, 17, 100])
     out = mla.mla_decode(q, qr, kv, table, lens, num_splits=splits, config=config)
     assert out.shape == q.shape and out.dtype == dtype
     ref = mla.mla_decode_ref(q, qr, kv, table, lens)
     if max(seq_lens):
-        assert _rel_err(out, ref) < TOL[dtype]
+        assert rel_err(out, ref) < TOL[dtype]
     for b, n in enumerate(seq_lens):
         if n == 0:  # an empty sequence attends to nothing: zeros, not NaN
             assert torch.equal(out[b].float(), torch.zeros_like(out[b].float()))
@@ -58,16 +42,20 @@ def test_batch_of_33_ragged(splits):
     lens = torch.randint(0, 25, (33,), generator=g).tolist()
     lens[5] = 0
     q, qr, kv, table, sl = mla.decode_case(lens, 3, 16, 16, block_size=4, dtype=torch.float32)
-    out = mla.mla_decode(q, qr, kv, table, sl, num_splits=splits, config=_config(torch.float32))
+    out = mla.mla_decode(
+        q, qr, kv, table, sl, num_splits=splits, config=latent_config(torch.float32)
+    )
     torch.testing.assert_close(out, mla.mla_decode_ref(q, qr, kv, table, sl), rtol=1e-5, atol=1e-5)
 
 
 def test_splits_do_not_change_the_result():
     q, qr, kv, table, lens = mla.decode_case([150, 41], 3, 32, 16, block_size=16,
                                              dtype=torch.float32, seed=1)  # fmt: skip
-    one = mla.mla_decode(q, qr, kv, table, lens, num_splits=1, config=_config(q.dtype))
+    one = mla.mla_decode(q, qr, kv, table, lens, num_splits=1, config=latent_config(q.dtype))
     for splits in (2, 7):
-        got = mla.mla_decode(q, qr, kv, table, lens, num_splits=splits, config=_config(q.dtype))
+        got = mla.mla_decode(
+            q, qr, kv, table, lens, num_splits=splits, config=latent_config(q.dtype)
+        )
         torch.testing.assert_close(got, one, rtol=1e-5, atol=1e-6)
 
 

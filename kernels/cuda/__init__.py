@@ -120,25 +120,43 @@ def arch_flags() -> tuple[str, ...]:
     return (f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",)
 
 
+def _read(files: list[str]) -> str:
+    return "\n".join((HERE / f).read_text() for f in files)
+
+
 def source() -> str:
     """All kernel sources in build order (without the torch bindings)."""
-    return "\n".join((HERE / f).read_text() for f in SOURCES)
+    return _read(SOURCES)
+
+
+def _load(reason: str | None, name: str, files: list[str], function: str, signature: str, flags):
+    """Build (or load from torch's extension cache) the extension ``name`` from ``files`` (the
+    kernels, then their torch bindings), exposing ``function``; or raise ``reason``, why it cannot
+    run here, without trying. ``flags()`` is called only once the build is going ahead (reading
+    the GPU's capability needs a GPU)."""
+    from torch.utils.cpp_extension import load_inline
+
+    if reason:
+        raise RuntimeError(reason)
+    return load_inline(
+        name=name,
+        cpp_sources=signature,
+        cuda_sources=_read(files),
+        functions=[function],
+        extra_cuda_cflags=["-O3", "-lineinfo", "-std=c++17", *flags()],
+        verbose=False,
+    )
 
 
 @functools.cache
 def _module():
-    from torch.utils.cpp_extension import load_inline
-
-    reason = unavailable_reason()
-    if reason:
-        raise RuntimeError(reason)
-    return load_inline(
-        name="gpu_brrr_sgemm",
-        cpp_sources="torch::Tensor sgemm(torch::Tensor a, torch::Tensor b, int64_t step, int64_t config);",
-        cuda_sources=source() + "\n" + (HERE / "sgemm_bindings.cu").read_text(),
-        functions=["sgemm"],
-        extra_cuda_cflags=["-O3", "-lineinfo", "-std=c++17", *arch_flags()],
-        verbose=False,
+    return _load(
+        unavailable_reason(),
+        "gpu_brrr_sgemm",
+        [*SOURCES, "sgemm_bindings.cu"],
+        "sgemm",
+        "torch::Tensor sgemm(torch::Tensor a, torch::Tensor b, int64_t step, int64_t config);",
+        arch_flags,
     )
 
 
@@ -155,6 +173,21 @@ def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return out
 
 
+def _check_pair(a: torch.Tensor, b: torch.Tensor) -> None:
+    """``a[M, K] @ b[K, N]`` is defined: the inner sizes match and both live on one device."""
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a and b do not chain: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+    if a.device != b.device:
+        raise ValueError(f"a and b must be on one device, got {a.device} and {b.device}")
+
+
+def _cuda_sizes(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
+    """``(M, N, K)`` of ``a[M, K] @ b[K, N]`` (a pair ``_check_pair`` accepted), on a CUDA device."""
+    if a.device.type != "cuda":
+        raise ValueError(f"a and b must be CUDA tensors, got {a.device}")
+    return a.shape[0], b.shape[1], a.shape[1]
+
+
 def sgemm(
     a: torch.Tensor, b: torch.Tensor, step: int = 8, *, config: int | None = None
 ) -> torch.Tensor:
@@ -165,10 +198,7 @@ def sgemm(
     """
     _validate.tensor("a", a, dtypes=(torch.float32,), ndim=2)
     _validate.tensor("b", b, dtypes=(torch.float32,), ndim=2)
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"a and b do not chain: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
-    if a.device != b.device:
-        raise ValueError(f"a and b must be on one device, got {a.device} and {b.device}")
+    _check_pair(a, b)
     if not isinstance(step, int) or step not in STEPS:
         raise ValueError(f"step must be an int in 1..8, got {step!r}")
     if config is not None and (
@@ -178,10 +208,7 @@ def sgemm(
             f"config must index SEARCH_SPACES[step] and step must be one of {sorted(SEARCH_SPACES)}; "
             f"got step={step}, config={config!r}"
         )
-    if a.device.type != "cuda":
-        raise ValueError(f"a and b must be CUDA tensors, got {a.device}")
-    M, K = a.shape
-    N = b.shape[1]
+    M, N, K = _cuda_sizes(a, b)
     if M == 0 or N == 0 or K == 0:
         return torch.zeros(M, N, device=a.device, dtype=a.dtype)
     searched = step in SEARCH_SPACES
@@ -287,23 +314,18 @@ def hgemm_unavailable_reason() -> str | None:
 
 def hgemm_source() -> str:
     """The Hopper kernel sources in build order (without the torch bindings)."""
-    return "\n".join((HERE / f).read_text() for f in HGEMM_SOURCES)
+    return _read(HGEMM_SOURCES)
 
 
 @functools.cache
 def _hgemm_module():
-    from torch.utils.cpp_extension import load_inline
-
-    reason = hgemm_unavailable_reason()
-    if reason:
-        raise RuntimeError(reason)
-    return load_inline(
-        name="gpu_brrr_hgemm",
-        cpp_sources="torch::Tensor hgemm(torch::Tensor a, torch::Tensor bt, int64_t step);",
-        cuda_sources=hgemm_source() + "\n" + (HERE / "hgemm_bindings.cu").read_text(),
-        functions=["hgemm"],
-        extra_cuda_cflags=["-O3", "-lineinfo", "-std=c++17", *HGEMM_ARCH_FLAGS],
-        verbose=False,
+    return _load(
+        hgemm_unavailable_reason(),
+        "gpu_brrr_hgemm",
+        [*HGEMM_SOURCES, "hgemm_bindings.cu"],
+        "hgemm",
+        "torch::Tensor hgemm(torch::Tensor a, torch::Tensor bt, int64_t step);",
+        lambda: HGEMM_ARCH_FLAGS,
     )
 
 
@@ -347,10 +369,7 @@ def hgemm(a: torch.Tensor, b: torch.Tensor, step: int = HGEMM_DEFAULT_STEP) -> t
         raise ValueError(f"b must be 2-D, got shape {tuple(b.shape)}")
     if not (b.is_contiguous() or b.t().is_contiguous()):
         raise ValueError("b must be contiguous or the transpose of a contiguous [N, K] tensor")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"a and b do not chain: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
-    if a.device != b.device:
-        raise ValueError(f"a and b must be on one device, got {a.device} and {b.device}")
+    _check_pair(a, b)
     if isinstance(step, bool) or not isinstance(step, int) or step not in HGEMM_STEPS:
         raise ValueError(
             f"step must be an int in {min(HGEMM_STEPS)}..{max(HGEMM_STEPS)}, got {step!r}"
@@ -358,10 +377,7 @@ def hgemm(a: torch.Tensor, b: torch.Tensor, step: int = HGEMM_DEFAULT_STEP) -> t
     reason = hgemm_unavailable_reason()
     if reason:
         raise RuntimeError(reason)
-    if a.device.type != "cuda":
-        raise ValueError(f"a and b must be CUDA tensors, got {a.device}")
-    M, K = a.shape
-    N = b.shape[1]
+    M, N, K = _cuda_sizes(a, b)
     if M == 0 or N == 0 or K == 0:
         return torch.zeros(M, N, device=a.device, dtype=a.dtype)
     bt = _k_major_b(b)

@@ -20,7 +20,6 @@ and loopback numbers: that mode is for testing the script.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -36,10 +35,8 @@ from kernels import flash_attention as fa  # noqa: E402
 
 
 def inputs(n: int, heads: int, d: int, dtype, device, seed: int = 0):
-    gen = torch.Generator(device=device).manual_seed(seed)  # the same on every rank
-    return [
-        torch.randn(1, heads, n, d, generator=gen, device=device, dtype=dtype) for _ in range(4)
-    ]
+    rand = D.seeded_randn(device, dtype, seed)  # the same on every rank
+    return [rand(1, heads, n, d) for _ in range(4)]
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -135,14 +132,11 @@ def time_n(w: D.Worker, n: int, heads: int, d: int, impl: str, dtype, reps: int)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = D.worker_parser(__doc__, reps=10)
     p.add_argument("--seqs", type=int, nargs="*", default=None, help="total sequence lengths N")
     p.add_argument("--heads", type=int, default=None)
     p.add_argument("--head-dim", type=int, default=None)
     p.add_argument("--check-n", type=int, default=None)
-    p.add_argument("--check-only", action="store_true")
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--out")
     a = p.parse_args()
 
     w = D.init_worker()

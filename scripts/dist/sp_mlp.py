@@ -16,7 +16,6 @@ the forward pass above what was allocated before it. Rank 0 writes the JSON.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from pathlib import Path
@@ -32,11 +31,7 @@ from kernels import sequence_parallel as SP  # noqa: E402
 
 
 def weights(h: int, d_ff: int, dtype, device, seed: int = 7):
-    gen = torch.Generator(device=device).manual_seed(seed)  # the same on every rank
-
-    def rand(*shape, scale=1.0):
-        return torch.randn(*shape, generator=gen, device=device, dtype=dtype) * scale
-
+    rand = D.seeded_randn(device, dtype, seed)  # the same on every rank
     return (
         1 + rand(h, scale=0.1),
         rand(h, scale=0.1),
@@ -86,11 +81,7 @@ def check(w: D.Worker) -> int:
 
 
 def attention_weights(h: int, dtype, device, seed: int = 5):
-    gen = torch.Generator(device=device).manual_seed(seed)  # the same on every rank
-
-    def rand(*shape, scale=1.0):
-        return torch.randn(*shape, generator=gen, device=device, dtype=dtype) * scale
-
+    rand = D.seeded_randn(device, dtype, seed)  # the same on every rank
     return (
         1 + rand(h, scale=0.1),
         rand(h, scale=0.1),
@@ -179,16 +170,13 @@ def measure_width(w: D.Worker, h: int, s: int, b: int, reps: int, block: str) ->
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--check-only", action="store_true")
+    p = D.worker_parser(__doc__, reps=20)
     p.add_argument("--widths", type=int, nargs="*", default=None, help="h values")
     p.add_argument("--seq", type=int, default=None)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument(
         "--blocks", nargs="*", default=["mlp", "attention"], choices=["mlp", "attention"]
     )
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--out")
     a = p.parse_args()
 
     w = D.init_worker()

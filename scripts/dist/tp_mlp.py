@@ -11,7 +11,6 @@ the one all-reduce it needs. Rank 0 writes the JSON.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -25,11 +24,7 @@ from kernels import distributed as D  # noqa: E402
 
 
 def weights(d_model: int, d_ff: int, dtype, device, seed: int = 7):
-    gen = torch.Generator(device=device).manual_seed(seed)  # the same on every rank
-
-    def rand(*shape, scale=1.0):
-        return torch.randn(*shape, generator=gen, device=device, dtype=dtype) * scale
-
+    rand = D.seeded_randn(device, dtype, seed)  # the same on every rank
     return (
         rand(d_model, d_ff, scale=d_model**-0.5),
         rand(d_ff, scale=0.1),
@@ -65,9 +60,7 @@ def check(w: D.Worker) -> int:
 
 
 def time_width(w: D.Worker, d_model: int, tokens: int, reps: int) -> dict:
-    from kernels import bench
-
-    from kernels import device
+    from kernels import bench, device
 
     # bf16 on GPUs that have it; fp16 (with a printed line) on those that do not, e.g. two T4s.
     dtype = device.preferred_dtype(torch.bfloat16) if w.gpu else torch.float32
@@ -107,12 +100,9 @@ def time_width(w: D.Worker, d_model: int, tokens: int, reps: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--check-only", action="store_true")
+    p = D.worker_parser(__doc__, reps=20)
     p.add_argument("--widths", type=int, nargs="*", default=[64, 128], help="d_model values")
     p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--out")
     a = p.parse_args()
 
     w = D.init_worker()
