@@ -61,6 +61,34 @@ _BWD_SMALL = [(64, 64, 4, 2), (64, 32, 4, 3), (32, 32, 4, 2)]
 _TUNE_MIN_WORK = 2**28
 _AUTOTUNE_KEY = ["N_Q", "N_KV", "HEAD_DIM", "CAUSAL"]
 
+# Warp specialisation (issue 19, item 2): tried and NOT added, Triton 3.6, compiled ahead of time
+# for GPUTarget("cuda", 90, 32) on a CPU (TRITON_INTERPRET=0), never run on a GPU. The experiment:
+# the K/V loop of `_fwd_tiles` written as `tl.range(start, end, BLOCK_N, warp_specialize=WS)`, WS on
+# the main loop only (not on the tail / diagonal loop), bf16, d = 128, BLOCK_M = 128, BLOCK_N = 64.
+# - num_warps = 8 (every configuration below): the flag is silently ignored. `tt.warp_specialize`
+#   reaches the TTGIR but no `ttg.warp_specialize` op is made, and the PTX is byte-identical to the
+#   build without the flag (TMA and pointer paths, causal and not): 256 threads, no `setmaxnreg`, on
+#   the TMA path only CTA-wide `bar.sync 0`. The Hopper pass (`nvgpu-warp-specialization`) acted
+#   only when num_warps = 4.
+# - num_warps = 4: the pass aborts (RuntimeError "PassManager::run failed", which the autotuner does
+#   not catch), TMA and pointer paths, causal and not. Two features of this kernel each trigger it,
+#   found by removing them one at a time from a minimal copy of the loop:
+#   (a) q loaded with `tl.load` (masked or not) before the loop: assertion in WSLowerToken.cpp
+#       (processProducerCommitOp); apparently every tile the loop uses must come from a TMA
+#       descriptor, q included;
+#   (b) a second K/V loop after the specialised one (our unmasked-tail or causal-diagonal split),
+#       whether or not it is specialised too: MLIR dominance assertion ("expected non-null blocks").
+# - The minimal copy WITHOUT (a) and (b) (q, k, v all by descriptor; one loop over whole tiles;
+#   num_warps = 4) does compile to a warp-specialised pipeline: 384 threads (`.reqntid 384`), one
+#   ttg.warp_specialize op with a producer (default partition: TMA copies of q, k, v and mbarrier
+#   expect/wait) and two consumer warpgroups that each take 64 of the 128 query rows (wgmma, their
+#   own named barriers `bar.sync 2, 128` / `bar.sync 3, 128`), with `setmaxnreg.dec 40` for the
+#   producer and `setmaxnreg.inc 232` for the consumers. Whether it is correct or faster is unknown.
+# So the course kernel needs restructuring first (q through a descriptor; the masked tail and the
+# causal diagonal folded into the one loop, e.g. a per-tile mask predicate) before the flag can be
+# an autotune option; retry on each Triton upgrade, since the pass is young (its docstring still says
+# "only supported on Blackwell").
+
 
 def _smem_limit() -> int:
     """Shared memory one program may use on this GPU, in bytes."""
