@@ -126,6 +126,12 @@ __device__ __forceinline__ void cluster_sync() {
 // One arrival on the mbarrier at the same shared-memory offset as `bar` in CTA `cta` of this
 // cluster (mapa translates the offset into that CTA's window of the cluster's shared memory); the
 // release at cluster scope orders this warp's finished wgmma reads of the slot before the refill.
+// REVIEW (speed, not correctness): ptxas 13.0 compiles .release.cluster here to MEMBAR.ALL.CTA +
+// MEMBAR.ALL.GPU before the SYNCS.ARRIVE, once per consumer warp per k-step inside the main loop
+// (step 11's plain arrive has none); the producer's acquire.cluster wait adds a CCTL.IVALL. The
+// reads it orders are already complete (wgmma_wait), and CUTLASS's cluster barrier uses the default
+// semantics (mbarrier.arrive.shared::cluster.b64 _, [remote]). If step 12 issues MMAs slower per SM
+// than step 11 (ncu tensor-pipe %, or time per tile), time it without ".release.cluster" first.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
