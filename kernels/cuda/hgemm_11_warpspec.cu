@@ -78,6 +78,10 @@ __global__ void __launch_bounds__(hg11::NT, 1)
     }
   } else {
     // ---- consumers
+    // REVIEW: inc blocks until the registers exist: it needs exactly what the producer's dec frees
+    // (384 x 168 = 64512 at launch; 128 x (168 - 40) = 256 x (232 - 168) = 16384). A hang with
+    // every consumer warp parked here means the launch allocated other than 168 (ncu "Registers Per
+    // Thread").
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
     const int c = wg - 1;  // rows 64c .. 64c + 63 of the block tile
     const bool lane0 = threadIdx.x % 32 == 0;

@@ -126,6 +126,12 @@ __device__ __forceinline__ void cluster_sync() {
 // One arrival on the mbarrier at the same shared-memory offset as `bar` in CTA `cta` of this
 // cluster (mapa translates the offset into that CTA's window of the cluster's shared memory); the
 // release at cluster scope orders this warp's finished wgmma reads of the slot before the refill.
+// REVIEW (speed, not correctness): ptxas 13.0 compiles .release.cluster here to MEMBAR.ALL.CTA +
+// MEMBAR.ALL.GPU before the SYNCS.ARRIVE, once per consumer warp per k-step inside the main loop
+// (step 11's plain arrive has none); the producer's acquire.cluster wait adds a CCTL.IVALL. The
+// reads it orders are already complete (wgmma_wait), and CUTLASS's cluster barrier uses the default
+// semantics (mbarrier.arrive.shared::cluster.b64 _, [remote]). If step 12 issues MMAs slower per SM
+// than step 11 (ncu tensor-pipe %, or time per tile), time it without ".release.cluster" first.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
@@ -267,6 +273,12 @@ __global__ void __cluster_dims__(hg12::CLUSTER, 1, 1) __launch_bounds__(hg12::NT
           // both CTAs: phase n - 1 of this CTA's empty[s].
           if (it >= STAGES) mbar_wait_cluster(empty + 8 * s, (it / STAGES - 1) & 1);
           const uint32_t bar = full + 8 * s, a = tiles + s * STAGE;
+          // REVIEW: the partner's multicast half can complete_tx on this full[s] before this
+          // expect_tx (tx-count briefly negative; the pending arrival keeps the phase open, as
+          // CUTLASS relies on). A randomized model of this ring (both CTAs, 4 stages, 1-3 tiles, KT
+          // 1-8) neither deadlocked nor read a stale slot; the GPU must confirm with 1000^3 (one
+          // tile per cluster) and then 4000 x 3000 x 5000 and 2177 x 4104 x 72 (many tiles, KT %
+          // STAGES != 0) under run_check's timeout.
           mbar_arrive_expect_tx(bar, STAGE);  // A + both halves of B land on this barrier
           tma_load_2d(a, &map_a, bar, kt * BK, a_row);
           tma_load_2d_multicast(a + TILE_A + rank * B_HALF, &map_b, bar, kt * BK, b_row,
@@ -376,6 +388,8 @@ HgemmLaunch hgemm_12(int M, int N, int K, const bf16* A, const bf16* Bt, bf16* C
   if ((info.error = hgemm_tensor_map(&map_c, C, M, N, 64, ldc))) return info;
   if ((info.error = hgemm_allow_smem(hgemm_persistent_kernel, SMEM))) return info;
   const int tiles = HG_CEIL_DIV(M, CLUSTER * BM) * HG_CEIL_DIV(N, BN);
+  // REVIEW: print this on the H100 (<= 66 expected). The fallback SMs / CLUSTER is still correct if
+  // not all clusters are co-resident (no cluster waits on another), only slower.
   const int clusters = hgemm_12_max_clusters();
   info.grid_x = CLUSTER * (tiles < clusters ? tiles : clusters);  // a multiple of the cluster size
   hgemm_persistent_kernel<<<info.grid_x, NT, SMEM, s>>>(map_a, map_b, map_c, M, N, K);

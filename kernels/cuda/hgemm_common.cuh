@@ -66,6 +66,12 @@ __host__ __device__ __forceinline__ uint32_t swizzle_128b(int row, int chunk) {
 //   bits 62-63  swizzle mode: 1 = 128-byte swizzle
 // Moving along K inside the 128-byte row (k16 step kk = 32 bytes) just adds 32 * kk to the start
 // address: the hardware applies the swizzle to the address bits, as TMA did when it wrote them.
+// REVIEW: read against the PTX ISA (descriptor fields, SBO 1024, swizzle mode 1 at bits 62-63, the
+// +32 B start-address step per k16 with base offset 0 on 1024-aligned tiles) and it agrees with
+// swizzle_128b and with TMA's SWIZZLE_128B; LBO = 1 relies on the ISA's "not used" for swizzled
+// K-major operands whose k16 slice stays inside one 128-byte row. Unrun: the first GPU check is
+// step 9 with hgemm_check.diagnose(9) (A = I and B = I must come back exact); a wrong descriptor,
+// swizzle or k-step shows there as moved rows/columns before any timing is worth taking.
 __device__ __forceinline__ uint64_t desc_k128(uint32_t smem_addr) {
   return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(16 >> 4) << 16) |
          (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
@@ -178,6 +184,10 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 }
 // Make the initialised barriers visible to the other threads and to the async proxy (TMA) before
 // anyone uses them (followed by a __syncthreads).
+// REVIEW: fence.mbarrier_init + a CTA/cluster barrier is what CUTLASS's pipelines use before TMA
+// signals the barriers; some hand-written Hopper GEMMs also issue fence.proxy.async.shared::cta
+// after the inits. Not needed by my reading of the ISA; if step 10 ever hangs on its FIRST k-tile
+// with a correct parity, adding that fence here is the cheap experiment.
 __device__ __forceinline__ void mbar_fence_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
@@ -279,6 +289,11 @@ static PFN_cuTensorMapEncodeTiled_v12000 hgemm_encode_tiled() {
 // the 128-byte swizzle. Needs a row pitch of a multiple of 16 bytes (cols % 8 == 0, or a padded
 // pitch `ld` >= cols with ld % 8 == 0: step 12's output) and a 16-byte aligned base; out-of-bounds
 // elements read as zero (OOB_FILL_NONE) and are not written by a TMA store (step 12).
+// REVIEW: CHECK_SHAPES (1, 1, 8) and (64, 8, 200) give boxes larger than the whole tensor (a 64 x
+// 128 box over K = 8, M = 1). Neither the ISA nor the driver API forbids it and the complete_tx of
+// such a box is still the full box (the expect_tx values assume it); a GPU run must see the encode
+// accepted (an error here names the call, it does not hang) and those shapes finish under
+// run_check's timeout.
 static const char* hgemm_tensor_map(CUtensorMap* map, const bf16* ptr, int rows, int cols,
                                     int box_rows, int ld = 0) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = hgemm_encode_tiled();
