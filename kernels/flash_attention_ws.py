@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import _allocation
 
 from kernels import device
 from kernels import flash_attention as fa
@@ -53,6 +54,8 @@ _WS_WARPS = 4
 # Every BLOCK_N divides this, so the launcher can say "no ragged last tile" (EVEN_N) before the
 # autotuner has picked BLOCK_N.
 EVEN_UNIT = tl.constexpr(128)
+# The specialised pipeline on the GPU; the interpreter runs the same loop plainly.
+WARP_SPECIALIZE = not device.INTERPRET
 
 
 def _configs():
@@ -68,7 +71,11 @@ def _prune(configs, nargs, **kwargs):
     """Drop tiles whose q tile, o tile and num_stages K/V pairs overflow shared memory."""
     d = kwargs["HEAD_DIM"]
     limit = fa._smem_limit()
-    fits = [c for c in configs if 2 * d * (2 * c.kwargs["BLOCK_M"] + c.num_stages * 2 * c.kwargs["BLOCK_N"]) <= limit]
+    fits = [
+        c
+        for c in configs
+        if 2 * d * (2 * c.kwargs["BLOCK_M"] + c.num_stages * 2 * c.kwargs["BLOCK_N"]) <= limit
+    ]
     return fits or configs[-1:]
 
 
@@ -161,3 +168,126 @@ def _attn_fwd_ws_kernel(
     acc = acc / l_i[:, None]
     o_desc.store([start_m, 0], acc.to(o_desc.dtype))
     tl.store(lse_ptr + bh * N_Q + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < N_Q)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def _torch_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    # Device-side descriptors are written to global scratch memory the launch asks for.
+    return torch.empty(size, device=device.DEVICE, dtype=torch.int8)
+
+
+def _check_hopper(q, k, v) -> None:
+    """On a GPU: Hopper (sm_90) and 16-byte-aligned tensors, or a clear error. The interpreter
+    runs the kernel everywhere (without the specialisation) for the CPU tests."""
+    if not device.GPU_MODE:
+        return
+    cc = device.capabilities().compute_capability
+    if cc is None or cc[0] != 9 or not device.capabilities().tma:
+        raise RuntimeError(
+            f"attention_ws needs a Hopper GPU (compute capability 9.x: TMA, wgmma, setmaxnreg), "
+            f"got {cc}; use kernels.flash_attention.attention, which runs everywhere"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start at a 16-byte-aligned address for TMA")
+
+
+def _forward_ws(q, k, v, causal: bool, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    B, H, n_q, D = q.shape
+    n_kv = k.shape[2]
+    o = torch.empty_like(q)
+    lse = torch.empty(B, H, n_q, device=q.device, dtype=torch.float32)
+    if o.numel() == 0:
+        return o, lse
+
+    def grid(meta):
+        return (triton.cdiv(n_q, meta["BLOCK_M"]), B * H)
+
+    token = None if device.INTERPRET else _allocation._allocator.set(_torch_scratch)
+    try:
+        _attn_fwd_ws_kernel[grid](
+            q, k, v, o, lse, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal,
+            WARP_SPECIALIZE=WARP_SPECIALIZE, EVEN_N=n_kv % EVEN_UNIT.value == 0,
+        )  # fmt: skip
+    finally:  # leave the caller's allocator as it was
+        if token is not None:
+            _allocation._allocator.reset(token)
+    return o, lse
+
+
+def attention_ws(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Forward-only ``softmax(q kᵀ · sm_scale [+ causal mask]) v`` with the warp-specialised kernel.
+
+    Same contract as ``flash_attention.attention`` (``q: [B, H, Nq, D]``, ``k, v: [B, H, Nk, D]``,
+    fp16/bf16, contiguous, D in 64 or 128, causal needs Nq == Nk) but forward only (no autograd)
+    and, on a GPU, Hopper only. Experimental: ``flash_attention.attention`` is the default.
+    """
+    scale = fa._check(q, k, v, causal, sm_scale)
+    _check_hopper(q, k, v)
+    return _forward_ws(q, k, v, causal, scale)[0]
+
+
+def attention_ws_with_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attention_ws`` plus the natural-log log-sum-exp of each row's scaled scores,
+    ``lse: fp32[B, H, Nq]``, in the convention of ``flash_attention.attention_with_lse`` (what the
+    course's backward needs instead of the probabilities)."""
+    scale = fa._check(q, k, v, causal, sm_scale)
+    _check_hopper(q, k, v)
+    o, lse2 = _forward_ws(q, k, v, causal, scale)
+    return o, lse2 / LOG2E
+
+
+# The references and FLOP counts are the course's.
+attention_ref = fa.attention_ref
+fwd_flops = fa.fwd_flops
+
+
+# ----------------------------------------------------------------------------- compile check
+
+
+def compile_spec(
+    causal: bool, block_n: int = 128, num_stages: int = 2, head_dim: int = 128
+) -> dict:
+    """The sm_90 ahead-of-time spec of one configuration: bf16, BLOCK_M = 128, 4 warps, the pass on
+    (tests/test_compile.py compiles these; tests/test_flash_attention_ws.py also reads the asm)."""
+    ptr = "*bf16"
+    return dict(
+        kernel=_attn_fwd_ws_kernel.fn,
+        signature={
+            "q_ptr": ptr,
+            "k_ptr": ptr,
+            "v_ptr": ptr,
+            "o_ptr": ptr,
+            "lse_ptr": "*fp32",
+            "sm_scale": "fp32",
+            "N_Q": "i32",
+            "N_KV": "i32",
+        },  # fmt: skip
+        constexprs={
+            "HEAD_DIM": head_dim,
+            "CAUSAL": causal,
+            "WARP_SPECIALIZE": True,
+            "EVEN_N": False,
+            "BLOCK_M": 128,
+            "BLOCK_N": block_n,
+        },  # fmt: skip
+        options={"num_warps": _WS_WARPS, "num_stages": num_stages},
+        min_cc=90,  # TMA, wgmma and setmaxnreg exist from Hopper on
+    )
+
+
+COMPILE_SPECS = [compile_spec(False), compile_spec(True)]
