@@ -194,7 +194,11 @@ def _check_hopper(q, k, v) -> None:
             raise ValueError(f"{name} must start at a 16-byte-aligned address for TMA")
 
 
-def _forward_ws(q, k, v, causal: bool, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_ws(
+    q, k, v, causal: bool, sm_scale: float, warp_specialize: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # warp_specialize=False: the same kernel and tiles without the pass (the probe's A/B).
+    ws = WARP_SPECIALIZE if warp_specialize is None else warp_specialize
     B, H, n_q, D = q.shape
     n_kv = k.shape[2]
     o = torch.empty_like(q)
@@ -209,7 +213,7 @@ def _forward_ws(q, k, v, causal: bool, sm_scale: float) -> tuple[torch.Tensor, t
     try:
         _attn_fwd_ws_kernel[grid](
             q, k, v, o, lse, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal,
-            WARP_SPECIALIZE=WARP_SPECIALIZE, EVEN_N=n_kv % EVEN_UNIT.value == 0,
+            WARP_SPECIALIZE=ws, EVEN_N=n_kv % EVEN_UNIT.value == 0,
         )  # fmt: skip
     finally:  # leave the caller's allocator as it was
         if token is not None:
@@ -291,3 +295,29 @@ def compile_spec(
 
 
 COMPILE_SPECS = [compile_spec(False), compile_spec(True)]
+
+
+def build_evidence(spec: dict, cc: int = 90) -> dict:
+    """Compile one spec for ``sm_<cc>`` (no GPU needed; set TRITON_INTERPRET=0 before triton is
+    imported) and report what the warp-specialisation pass made of it: whether the TTGIR holds a
+    ``ttg.warp_specialize`` op, the PTX's ``setmaxnreg`` requests, threads per program, and counts
+    of wgmma and TMA instructions."""
+    import re
+
+    from triton.backends.compiler import GPUTarget
+
+    sig = dict(spec["signature"])
+    sig.update({k: "constexpr" for k in spec["constexprs"]})
+    src = triton.compiler.ASTSource(fn=spec["kernel"], signature=sig, constexprs=spec["constexprs"])
+    k = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=spec["options"])
+    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
+    regs = r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)"
+    return {
+        "causal": spec["constexprs"]["CAUSAL"],
+        "warp_specialize_op": "ttg.warp_specialize" in ttgir,
+        "setmaxnreg": sorted({f"{a}.{n}" for a, n in re.findall(regs, ptx)}),
+        "threads": [int(t) for t in re.findall(r"\.reqntid (\d+)", ptx)],
+        "wgmma": ptx.count("wgmma.mma_async"),
+        "tma_copies": ptx.count("cp.async.bulk.tensor"),
+        "shared_bytes": k.metadata.shared,
+    }
