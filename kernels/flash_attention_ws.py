@@ -5,26 +5,32 @@ the attention everywhere until a GPU run shows this one correct and faster.
 
 **The idea.** In the course's forward every warp does everything in turn: wait for a K/V tile,
 multiply, exponentiate, multiply again. *Warp specialisation* splits the program into roles that
-run at the same time: a *producer* warp issues the TMA copies of the next K/V tiles into a ring of
-shared-memory buffers, and *consumer* warpgroups run the wgmma matmuls and the softmax on tiles that
-have already arrived, each waiting on an mbarrier rather than on the whole program. The producer
-needs few registers and the consumers many, so the compiler re-balances them (``setmaxnreg``: 40
-for the producer, 232 for the consumers) -- the structure of FlashAttention-3 (Shah et al., 2024).
+run at the same time: a *producer* warpgroup issues the TMA copies of the next K/V tiles into a
+ring of shared-memory buffers, and *consumer* warpgroups run the wgmma matmuls and the softmax on
+tiles that have already arrived, each waiting on an mbarrier rather than on the whole program. The
+producer needs few registers and the consumers many, so the compiler re-balances them
+(``setmaxnreg``: down to 40 for the producer, up to 232 for the consumers): the structure of
+FlashAttention-3 (shah2024flashattention3 in references.bib).
 
 Triton writes that pipeline itself from ``tl.range(..., warp_specialize=True)``, but on sm_90 only
-for loops it can fully analyse (see the comment after ``_AUTOTUNE_KEY`` in kernels/flash_attention.py):
-every tile the loop uses comes from a TMA tensor descriptor (q too), there is ONE K/V loop, and the
-program has 4 warps (the pass adds the producer warps and a second consumer warpgroup itself: 384
-threads, BLOCK_M = 128 split into two 64-row consumer halves). So this kernel differs from the
-course's in three ways:
+for loops it can fully analyse (see the comment after ``_AUTOTUNE_KEY`` in kernels/flash_attention.py
+and ``build_evidence`` below): every tile the loop uses comes from a TMA tensor descriptor (q too),
+there is ONE K/V loop with no branch inside it, and the program has 4 warps (the pass adds a second
+consumer warpgroup and makes the original one the producer: 384 threads, the BLOCK_M = 128 query
+rows split into two 64-row consumer halves). So this kernel differs from the course's in three ways:
 
 - q, k, v and o move through ``tl.make_tensor_descriptor`` descriptors built per head on the
   device, of shape ``[N, D]``: rows past a head's end read as zeros and are never written, so no
-  load or store needs a mask;
-- the causal diagonal and the ragged last tile are not separate loops but a per-tile predicate
-  inside the one loop: only tiles that cross the diagonal or the end of the keys pay for the
-  ``tl.where`` on their scores (a compare and a select per score; the other tiles skip it);
-- num_warps = 4 with BLOCK_M = 128 on the GPU.
+  load or store needs a mask (the launch asks for a little global scratch for the descriptors,
+  through a Triton allocator the launcher sets for the call and restores);
+- the causal diagonal and the ragged last tile are not separate loops but a mask inside the one
+  loop, and it is applied to every tile: an ``if`` that masks only the tiles that need it is a
+  branch in the loop, and with it Triton 3.6 makes no ``ttg.warp_specialize`` at all (compiled for
+  sm_90, the flag is then silently ignored). The cost is one compare and one select per score on
+  the CUDA cores, beside the FMA, exp2, max, sum and conversion each score already costs: on every
+  tile if causal (the course masks only the BLOCK_M / BLOCK_N diagonal tiles) or if N_KV is not a
+  multiple of 128, and nowhere otherwise (``EVEN_N``, a compile-time switch);
+- num_warps = 4 with BLOCK_M = 128 on the GPU (at 8 warps the flag is ignored).
 
 Everything else is the course's forward: online softmax in base 2 with the scale folded into one
 FMA, fp32 accumulators, and the base-2 log-sum-exp per row (``attention_ws_with_lse`` returns it in
@@ -47,8 +53,10 @@ from kernels import flash_attention as fa
 from kernels.launch import LOG2E
 
 # GPU configurations, as (BLOCK_M, BLOCK_N, num_stages); num_warps is always 4 (the pass needs it).
-# BLOCK_M = 128 gives the two 64-row consumer warpgroups. Each was compiled ahead of time for sm_90
-# with the pass firing (tests/test_flash_attention_ws.py compiles the first one).
+# BLOCK_M = 128 gives the two 64-row consumer warpgroups. Each, causal and not, at head dim 64 and
+# 128, compiled ahead of time for sm_90 with the pass firing (tests/test_flash_attention_ws.py checks
+# the first at d = 128; scripts/gpu/fa_ws_probe.py prints all of them). Shared memory at d = 128
+# (Triton's figure): 197,024 / 164,376 / 131,488 bytes.
 _WS_CONFIGS = [(128, 128, 2), (128, 64, 3), (128, 64, 2)]
 _WS_WARPS = 4
 # Every BLOCK_N divides this, so the launcher can say "no ragged last tile" (EVEN_N) before the
