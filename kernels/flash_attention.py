@@ -87,7 +87,8 @@ _AUTOTUNE_KEY = ["N_Q", "N_KV", "HEAD_DIM", "CAUSAL"]
 # So the course kernel needs restructuring first (q through a descriptor; the masked tail and the
 # causal diagonal folded into the one loop, e.g. a per-tile mask predicate) before the flag can be
 # an autotune option; retry on each Triton upgrade, since the pass is young (its docstring still says
-# "only supported on Blackwell").
+# "only supported on Blackwell"). kernels/flash_attention_ws.py is that restructured forward, kept
+# apart as an experiment (its sm_90 build is checked to be warp-specialised; untimed so far).
 
 
 def _smem_limit() -> int:
