@@ -398,16 +398,8 @@ def hgemm_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 HGEMM_BENCH_TOLERANCE = 1e-2
 
 
-def _hgemm_rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in fp32 (inf when out is not finite)."""
-    out = out.float()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return ((out - ref).norm() / ref.norm()).item()
-
-
 def _register_benchmark():
-    from kernels import bench, roofline
+    from kernels import bench, numerics, roofline
 
     @bench.register("sgemm_ladder")
     def _bench(quick: bool) -> list[dict]:
@@ -460,7 +452,7 @@ def _register_benchmark():
             ref = hgemm_ref(a, b)
             for step, info in HGEMM_STEPS.items():
                 # Checked before it is timed: a step that computes the wrong thing gets no record.
-                err = _hgemm_rel_error(hgemm(a, b, step), ref)
+                err = numerics.rel_error(hgemm(a, b, step), ref)
                 if not err < HGEMM_BENCH_TOLERANCE:
                     print(f"hgemm step {step} not timed at {m}x{n}x{k}: relative error {err:.3g}")
                     continue

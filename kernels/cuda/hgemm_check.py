@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from kernels import cuda as ladder
+from kernels import numerics
 
 ROOT = ladder.HERE.parents[1]  # the repository: the child runs from here
 # Odd shapes (M, N, K): single elements, edge tiles in M and N, K not a multiple of 8 (padded), K of
@@ -250,7 +251,7 @@ def bound_ratio(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     err = (out - ref).abs()
     bound = 2**-7 * ref.abs() + 1e-3 * ref.abs().max()
     ratio = (err / bound).max().item() if torch.isfinite(out).all() else float("inf")
-    return ratio, ladder._hgemm_rel_error(out, ref)
+    return ratio, numerics.rel_error(out, ref)
 
 
 def bad_blocks(out: torch.Tensor, ref: torch.Tensor, block: int = 128) -> list[list[int]]:
@@ -350,7 +351,7 @@ def time_steps(
                        "vs_peak": cublas.tflops / peak.value}]  # fmt: skip
         ref = ladder.hgemm_ref(a, b)
         for step in steps:
-            rel = ladder._hgemm_rel_error(ladder.hgemm(a, b, step), ref)
+            rel = numerics.rel_error(ladder.hgemm(a, b, step), ref)
             if not rel < ladder.HGEMM_BENCH_TOLERANCE:
                 shape_rows.append({"shape": [m, n, k], "variant": f"step{step}", "rel": rel})
                 continue
