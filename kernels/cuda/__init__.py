@@ -399,7 +399,7 @@ HGEMM_BENCH_TOLERANCE = 1e-2
 
 
 def _register_benchmark():
-    from kernels import bench, numerics, roofline
+    from kernels import bench
 
     @bench.register("sgemm_ladder")
     def _bench(quick: bool) -> list[dict]:
@@ -438,38 +438,19 @@ def _register_benchmark():
         if reason:
             print(f"hgemm skipped: {reason}")
             return []
-        peak = roofline.matmul_peak("bfloat16")
-        recs = []
-        for m, n, k in HGEMM_BENCH_SHAPES[:1] if quick else HGEMM_BENCH_SHAPES:
-            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()  # K-major B: no copy
-            flops = 2 * m * n * k
-            cublas = bench.measure(lambda a=a, b=b: a @ b, flops=flops)
-            ceiling = (peak.name, peak.value)
-            recs.append(
-                bench.record("hgemm", "cublas", (m, n, k), "bfloat16", cublas, ceiling=ceiling)
-            )
-            ref = hgemm_ref(a, b)
-            for step, info in HGEMM_STEPS.items():
-                # Checked before it is timed: a step that computes the wrong thing gets no record.
-                err = numerics.rel_error(hgemm(a, b, step), ref)
-                if not err < HGEMM_BENCH_TOLERANCE:
-                    print(f"hgemm step {step} not timed at {m}x{n}x{k}: relative error {err:.3g}")
-                    continue
-                t = bench.measure(lambda a=a, b=b, s=step: hgemm(a, b, s), flops=flops)
-                variant = f"step{step}-{info.name.replace(' ', '-')}"
-                recs.append(
-                    bench.record(
-                        "hgemm",
-                        variant,
-                        (m, n, k),
-                        "bfloat16",
-                        t,
-                        baseline=("cublas", cublas),
-                        ceiling=ceiling,
-                    )
+        from kernels.cuda import hgemm_check  # imports this package: not at the top
+
+        # The same loop as scripts/gpu/hgemm_probe.py: cuBLAS and the peak in the same run, each
+        # step checked against hgemm_ref before it is timed (a wrong step gets no record).
+        shapes = HGEMM_BENCH_SHAPES[:1] if quick else HGEMM_BENCH_SHAPES
+        timed = hgemm_check.time_steps(list(HGEMM_STEPS), shapes, verbose=False)
+        for r in timed["rows"]:
+            if "ms" not in r:
+                m, n, k = r["shape"]
+                print(
+                    f"hgemm {r['variant']} not timed at {m}x{n}x{k}: relative error {r['rel']:.3g}"
                 )
-        return recs
+        return timed["records"]
 
 
 _register_benchmark()
