@@ -242,6 +242,11 @@ def compile_steps(
 # ----------------------------------------------------------------------------- the GPU's view
 
 
+def _bound(ref: torch.Tensor) -> torch.Tensor:
+    """The error each output element may have (``bound_ratio`` says why)."""
+    return 2**-7 * ref.abs() + 1e-3 * ref.abs().max()
+
+
 def bound_ratio(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     """(worst error / allowed error, relative Frobenius error) of a bf16 ``hgemm`` output against
     ``hgemm_ref``: each element may be off by one bf16 rounding (2^-8 relative, allowed 2^-7) plus
@@ -249,8 +254,7 @@ def bound_ratio(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     gives errors of the order of |ref| itself. The bound of tests/test_hgemm.py."""
     out = out.float()
     err = (out - ref).abs()
-    bound = 2**-7 * ref.abs() + 1e-3 * ref.abs().max()
-    ratio = (err / bound).max().item() if torch.isfinite(out).all() else float("inf")
+    ratio = (err / _bound(ref)).max().item() if torch.isfinite(out).all() else float("inf")
     return ratio, numerics.rel_error(out, ref)
 
 
@@ -258,8 +262,7 @@ def bad_blocks(out: torch.Tensor, ref: torch.Tensor, block: int = 128) -> list[l
     """[row block, column block] of the ``block x block`` pieces of the output with an error over
     the bound (at most 16): where a wrong tile index, multicast half or edge store shows."""
     out = out.float()
-    bound = 2**-7 * ref.abs() + 1e-3 * ref.abs().max()
-    bad = ((out - ref).abs() > bound) | ~torch.isfinite(out)
+    bad = ((out - ref).abs() > _bound(ref)) | ~torch.isfinite(out)
     m, n = bad.shape
     found = []
     for i in range(0, m, block):
