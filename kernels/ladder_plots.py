@@ -645,17 +645,12 @@ def sgemm_ladder_records(
     """The SGEMM ladder as last recorded on ``gpu_name`` (results/<gpu>.jsonl, written by Lab 4a or
     ``python -m kernels.bench --only sgemm_ladder``): ({step: TFLOP/s}, cuBLAS fp32 TFLOP/s, date)
     at ``n``^3, from the latest date that has a cuBLAS row; None when there is no such record."""
-    import json
+    from kernels import bench
 
-    from kernels import device
-
-    path = (
-        path
-        or Path(__file__).resolve().parents[1] / "results" / f"{device.gpu_slug(gpu_name)}.jsonl"
-    )
+    path = path or bench.results_path(gpu_name)
     if not path.exists():
         return None
-    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    rows = bench.load_records(path)
     rows = [r for r in rows if r.get("bench") == "sgemm" and r.get("shape") == [n, n, n]]
     rows = [r for r in rows if r.get("gpu") == gpu_name and r.get("tflops")]
     dates = sorted({r["date"] for r in rows if r["variant"] == "cublas"})
