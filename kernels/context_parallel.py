@@ -120,11 +120,10 @@ def merge(
     return o1.float() * w1 + o2.float() * w2, lse
 
 
-def _scores(q, k, causal: bool, scale: float) -> torch.Tensor:
-    s = (q.float() @ k.float().transpose(-2, -1)) * scale
+def _scores(q, k, causal: bool, scale: float, dt: torch.dtype = torch.float32) -> torch.Tensor:
+    s = (q.to(dt) @ k.to(dt).transpose(-2, -1)) * scale
     if causal:  # top-left aligned: query i sees keys 0..i
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu_(1)
-        s = s.masked_fill(mask, float("-inf"))
+        s = s.masked_fill(fa._causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
     return s
 
 
@@ -362,11 +361,7 @@ def attention_ref(q, k, v, causal: bool = False, sm_scale: float | None = None) 
     (returned in that precision; differentiable, for reference gradients)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    s = (q.to(dt) @ k.to(dt).transpose(-2, -1)) * scale
-    if causal:
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu_(1)
-        s = s.masked_fill(mask, float("-inf"))
-    return torch.softmax(s, dim=-1) @ v.to(dt)
+    return torch.softmax(_scores(q, k, causal, scale, dt), dim=-1) @ v.to(dt)
 
 
 def step_flops(b: int, h: int, n_local: int, d: int, world: int, causal: bool) -> float:
