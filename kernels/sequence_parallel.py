@@ -44,16 +44,6 @@ from kernels import collectives as C
 from kernels import distributed as D
 
 
-def _seq_shard(x: torch.Tensor, group) -> torch.Tensor:
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    if x.shape[0] % world:
-        raise ValueError(
-            f"x.shape[0] (the sequence) = {x.shape[0]} must divide by the group size {world}"
-        )
-    n = x.shape[0] // world
-    return x[rank * n : (rank + 1) * n]
-
-
 def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     world = dist.get_world_size(group)
     x = x.contiguous()
@@ -183,7 +173,13 @@ def sp_block(
 
 def shard_sequence(x: torch.Tensor, group=None) -> torch.Tensor:
     """This rank's contiguous slice of ``x`` along dim 0 (the sequence); a view."""
-    return _seq_shard(x, group)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if x.shape[0] % world:
+        raise ValueError(
+            f"x.shape[0] (the sequence) = {x.shape[0]} must divide by the group size {world}"
+        )
+    n = x.shape[0] // world
+    return x[rank * n : (rank + 1) * n]
 
 
 def reduce_replicated_grads(params: Iterable[torch.Tensor], group=None) -> None:
