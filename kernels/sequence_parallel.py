@@ -198,12 +198,17 @@ def attention_ref(h: torch.Tensor, wqkv, bqkv, wo, bo, head_dim: int) -> torch.T
     ``wqkv: [width, 3·H·head_dim]`` laid out ``[q | k | v]``, heads contiguous in each; output
     ``o @ wo + bo`` with ``wo: [H·head_dim, width]``. Works on any number of heads, so a rank's
     head shard runs it as is (without ``bo``: pass ``None``)."""
-    s, b, _ = h.shape
-    qkv = h @ wqkv + bqkv
+    o = _causal_heads(h @ wqkv + bqkv, head_dim) @ wo
+    return o if bo is None else o + bo
+
+
+def _causal_heads(qkv: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Causal attention of each head in ``qkv: [s, b, 3·heads·head_dim]`` (``[q | k | v]``), the
+    heads' outputs side by side: ``[s, b, heads·head_dim]``."""
+    s, b, _ = qkv.shape
     q, k, v = (t.reshape(s, b, -1, head_dim).permute(1, 2, 0, 3) for t in qkv.chunk(3, dim=-1))
     o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, s, d]
-    o = o.permute(2, 0, 1, 3).reshape(s, b, -1) @ wo
-    return o if bo is None else o + bo
+    return o.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
 def shard_attention(wqkv, bqkv, wo, bo, n_heads: int, rank: int, world: int):
@@ -256,13 +261,7 @@ def sp_attention_block(
     _check(x_shard, ln_w, 0.0)
     h = F.layer_norm(x_shard, (x_shard.shape[-1],), ln_w, ln_b, eps)
     qkv = column_parallel_sp(h, wqkv_shard, bqkv_shard, group)  # [s, b, 3·heads_r·d]
-    s, b, _ = qkv.shape
-    q, k, v = (t.reshape(s, b, -1, head_dim).permute(1, 2, 0, 3) for t in qkv.chunk(3, dim=-1))
-    o = (
-        F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        .permute(2, 0, 1, 3)
-        .reshape(s, b, -1)
-    )
+    o = _causal_heads(qkv, head_dim)
     return x_shard + reduce_scatter_seq(o @ wo_shard, group) + bo
 
 
