@@ -301,7 +301,7 @@ class RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def _check(q, k, v, causal, sm_scale, group, impl, layout) -> tuple[float, str]:
+def _check(q, k, v, causal, sm_scale, impl, layout) -> tuple[float, str]:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _validate.tensor(name, t, dtypes=(torch.float16, torch.bfloat16, torch.float32), ndim=4)
     _validate.same("q", q, "k", k)
@@ -349,7 +349,7 @@ def ring_attention(
     ``layout="contiguous"``, the ``r``-th contiguous slice: correct but unbalanced, for comparison).
     Returns this rank's slice of ``softmax(q kᵀ · sm_scale [+ causal mask]) v`` in q's dtype.
     """
-    scale, impl = _check(q, k, v, causal, sm_scale, group, impl, layout)
+    scale, impl = _check(q, k, v, causal, sm_scale, impl, layout)
     return RingAttention.apply(q, k, v, causal, scale, group, impl, layout)
 
 
