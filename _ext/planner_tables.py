@@ -15,7 +15,7 @@ from pathlib import Path
 
 from docutils import nodes
 from docutils.parsers.rst import directives
-from results_tables import _table, figure_nodes
+from results_tables import _table, check_figure, figure_nodes
 from sphinx.util.docutils import SphinxDirective
 
 from kernels import planner, planner_plots
@@ -100,14 +100,7 @@ class PlannerFigure(SphinxDirective):
     option_spec = {"name": directives.unchanged_required, "alt": directives.unchanged_required}
 
     def run(self):
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display in a build
-        for need in ("name", "alt"):
-            if need not in self.options:
-                raise self.error(f"planner-figure needs :{need}:")
-        if not self.content:
-            raise self.error("planner-figure needs a caption (the directive's content)")
+        check_figure(self, "planner-figure", ("name", "alt"))
         _note_sources(self.env)
         return figure_nodes(self, planner_plots.draw_scaling(_scaling()))
 

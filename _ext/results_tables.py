@@ -52,6 +52,19 @@ def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
     return table
 
 
+def check_figure(directive: SphinxDirective, name: str, needs: tuple[str, ...]) -> None:
+    """The start of a figure directive's ``run``: matplotlib without a display, the ``needs``
+    options and a caption present (an error naming the directive ``name`` otherwise)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display in a build
+    for need in needs:
+        if need not in directive.options:
+            raise directive.error(f"{name} needs :{need}:")
+    if not directive.content:
+        raise directive.error(f"{name} needs a caption (the directive's content)")
+
+
 def figure_nodes(directive: SphinxDirective, fig) -> list[nodes.Node]:
     """A numbered figure of ``fig`` for a figure directive with ``:name:``, ``:alt:`` and its caption
     as content: the SVG is written under ``FIGURE_DIR`` (built, never committed) and shown with the
@@ -102,14 +115,7 @@ class ResultsFigure(_ResultsDirective):
     }
 
     def run(self):
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display in a build
-        for need in ("kind", "name", "alt"):
-            if need not in self.options:
-                raise self.error(f"results-figure needs :{need}:")
-        if not self.content:
-            raise self.error("results-figure needs a caption (the directive's content)")
+        check_figure(self, "results-figure", ("kind", "name", "alt"))
         records = self.records()
         gpus, summary = results.summary(records)
         colors = results.gpu_colors(gpus)  # one colour per GPU across the page's figures

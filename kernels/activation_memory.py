@@ -61,7 +61,7 @@ from kernels import bench, planner
 from kernels import decoder as dec
 from kernels import perfmodel as pm
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = planner.RECOMPUTE  # ("none", "selective", "full")
 NORMS = ("composite", "fused")
 
 
@@ -231,9 +231,8 @@ def decoder_layer_terms(
     norm: str = "composite",
 ) -> dict[str, int]:
     """``decoder_layer_bytes`` term by term (``planner.decoder_activation_terms``): norms,
-    attention, log-sum-exp and MLP, or the layer input under full recomputation."""
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    attention, log-sum-exp and MLP, or the layer input under full recomputation (the planner
+    checks ``recompute``)."""
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
     e = torch.empty((), dtype=dtype).element_size()

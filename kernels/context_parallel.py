@@ -120,11 +120,10 @@ def merge(
     return o1.float() * w1 + o2.float() * w2, lse
 
 
-def _scores(q, k, causal: bool, scale: float) -> torch.Tensor:
-    s = (q.float() @ k.float().transpose(-2, -1)) * scale
+def _scores(q, k, causal: bool, scale: float, dt: torch.dtype = torch.float32) -> torch.Tensor:
+    s = (q.to(dt) @ k.to(dt).transpose(-2, -1)) * scale
     if causal:  # top-left aligned: query i sees keys 0..i
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu_(1)
-        s = s.masked_fill(mask, float("-inf"))
+        s = s.masked_fill(fa._causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
     return s
 
 
@@ -302,7 +301,7 @@ class RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def _check(q, k, v, causal, sm_scale, group, impl, layout) -> tuple[float, str]:
+def _check(q, k, v, causal, sm_scale, impl, layout) -> tuple[float, str]:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _validate.tensor(name, t, dtypes=(torch.float16, torch.bfloat16, torch.float32), ndim=4)
     _validate.same("q", q, "k", k)
@@ -350,7 +349,7 @@ def ring_attention(
     ``layout="contiguous"``, the ``r``-th contiguous slice: correct but unbalanced, for comparison).
     Returns this rank's slice of ``softmax(q kᵀ · sm_scale [+ causal mask]) v`` in q's dtype.
     """
-    scale, impl = _check(q, k, v, causal, sm_scale, group, impl, layout)
+    scale, impl = _check(q, k, v, causal, sm_scale, impl, layout)
     return RingAttention.apply(q, k, v, causal, scale, group, impl, layout)
 
 
@@ -362,11 +361,7 @@ def attention_ref(q, k, v, causal: bool = False, sm_scale: float | None = None) 
     (returned in that precision; differentiable, for reference gradients)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    s = (q.to(dt) @ k.to(dt).transpose(-2, -1)) * scale
-    if causal:
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu_(1)
-        s = s.masked_fill(mask, float("-inf"))
-    return torch.softmax(s, dim=-1) @ v.to(dt)
+    return torch.softmax(_scores(q, k, causal, scale, dt), dim=-1) @ v.to(dt)
 
 
 def step_flops(b: int, h: int, n_local: int, d: int, world: int, causal: bool) -> float:

@@ -44,16 +44,6 @@ from kernels import collectives as C
 from kernels import distributed as D
 
 
-def _seq_shard(x: torch.Tensor, group) -> torch.Tensor:
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    if x.shape[0] % world:
-        raise ValueError(
-            f"x.shape[0] (the sequence) = {x.shape[0]} must divide by the group size {world}"
-        )
-    n = x.shape[0] // world
-    return x[rank * n : (rank + 1) * n]
-
-
 def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     world = dist.get_world_size(group)
     x = x.contiguous()
@@ -183,7 +173,13 @@ def sp_block(
 
 def shard_sequence(x: torch.Tensor, group=None) -> torch.Tensor:
     """This rank's contiguous slice of ``x`` along dim 0 (the sequence); a view."""
-    return _seq_shard(x, group)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if x.shape[0] % world:
+        raise ValueError(
+            f"x.shape[0] (the sequence) = {x.shape[0]} must divide by the group size {world}"
+        )
+    n = x.shape[0] // world
+    return x[rank * n : (rank + 1) * n]
 
 
 def reduce_replicated_grads(params: Iterable[torch.Tensor], group=None) -> None:
@@ -202,12 +198,17 @@ def attention_ref(h: torch.Tensor, wqkv, bqkv, wo, bo, head_dim: int) -> torch.T
     ``wqkv: [width, 3·H·head_dim]`` laid out ``[q | k | v]``, heads contiguous in each; output
     ``o @ wo + bo`` with ``wo: [H·head_dim, width]``. Works on any number of heads, so a rank's
     head shard runs it as is (without ``bo``: pass ``None``)."""
-    s, b, _ = h.shape
-    qkv = h @ wqkv + bqkv
+    o = _causal_heads(h @ wqkv + bqkv, head_dim) @ wo
+    return o if bo is None else o + bo
+
+
+def _causal_heads(qkv: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Causal attention of each head in ``qkv: [s, b, 3·heads·head_dim]`` (``[q | k | v]``), the
+    heads' outputs side by side: ``[s, b, heads·head_dim]``."""
+    s, b, _ = qkv.shape
     q, k, v = (t.reshape(s, b, -1, head_dim).permute(1, 2, 0, 3) for t in qkv.chunk(3, dim=-1))
     o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, s, d]
-    o = o.permute(2, 0, 1, 3).reshape(s, b, -1) @ wo
-    return o if bo is None else o + bo
+    return o.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
 def shard_attention(wqkv, bqkv, wo, bo, n_heads: int, rank: int, world: int):
@@ -260,13 +261,7 @@ def sp_attention_block(
     _check(x_shard, ln_w, 0.0)
     h = F.layer_norm(x_shard, (x_shard.shape[-1],), ln_w, ln_b, eps)
     qkv = column_parallel_sp(h, wqkv_shard, bqkv_shard, group)  # [s, b, 3·heads_r·d]
-    s, b, _ = qkv.shape
-    q, k, v = (t.reshape(s, b, -1, head_dim).permute(1, 2, 0, 3) for t in qkv.chunk(3, dim=-1))
-    o = (
-        F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        .permute(2, 0, 1, 3)
-        .reshape(s, b, -1)
-    )
+    o = _causal_heads(qkv, head_dim)
     return x_shard + reduce_scatter_seq(o @ wo_shard, group) + bo
 
 

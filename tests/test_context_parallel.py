@@ -127,8 +127,8 @@ def test_zigzag_split_and_merge(world, n):
         CP.zigzag_split(x, 0)
 
 
-@pytest.mark.parametrize("n_q, split, causal", [(5, 3, False), (9, 4, True), (1, 7, False)])
-def test_merge_of_two_key_sets_is_exact(n_q, split, causal):
+@pytest.mark.parametrize("n_q, split", [(5, 3), (9, 4), (1, 7)])
+def test_merge_of_two_key_sets_is_exact(n_q, split):
     gen = torch.Generator().manual_seed(n_q)
     q = torch.randn(2, 3, n_q, 8, generator=gen, dtype=torch.float64)
     k, v = (torch.randn(2, 3, n_q + split, 8, generator=gen, dtype=torch.float64) for _ in "kv")

@@ -318,13 +318,14 @@ def paged_gather_ref(
 ) -> torch.Tensor:
     """The sequences' tokens packed one after another, ``[sum(seq_lens), n_kv_heads, head_dim]``:
     token ``t`` of sequence ``s`` is row ``t % block_size`` of physical block
-    ``block_table[s, t // block_size]``."""
-    page = cache.shape[2]
-    rows = []
-    for s, n in enumerate(seq_lens.tolist()):
-        pos = torch.arange(n, device=cache.device)
-        blocks = block_table[s, pos // page].long()
-        rows.append(cache[blocks, :, pos % page, :])
+    ``block_table[s, t // block_size]`` (``kernels.paged_attention.gather_kv``, one sequence at a
+    time)."""
+    from kernels.paged_attention import gather_kv
+
+    rows = [
+        gather_kv(cache, block_table[s : s + 1], n)[0].transpose(0, 1)  # [n, n_kv_heads, d]
+        for s, n in enumerate(seq_lens.tolist())
+    ]
     return torch.cat(rows) if rows else cache.new_zeros(0, cache.shape[1], cache.shape[3])
 
 

@@ -32,15 +32,12 @@ from kernels import collectives as C  # noqa: E402
 from kernels import context_parallel as CP  # noqa: E402
 from kernels import distributed as D  # noqa: E402
 from kernels import flash_attention as fa  # noqa: E402
+from kernels.numerics import rel_error  # noqa: E402
 
 
 def inputs(n: int, heads: int, d: int, dtype, device, seed: int = 0):
     rand = D.seeded_randn(device, dtype, seed)  # the same on every rank
     return [rand(1, heads, n, d) for _ in range(4)]
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def check(w: D.Worker, n: int, heads: int, d: int, impl: str, dtype) -> dict:
@@ -58,7 +55,7 @@ def check(w: D.Worker, n: int, heads: int, d: int, impl: str, dtype) -> dict:
     out = CP.ring_attention(*local, causal=True, impl=impl)
     out.backward(shard(do))
     ring = [out.detach(), *(t.grad for t in local)]
-    ring_errs = [rel_err(g, shard(r)) for g, r in zip(ring, refs)]
+    ring_errs = [rel_error(g, shard(r)) for g, r in zip(ring, refs)]
 
     if impl == "triton":  # one device, the same kernels, on the whole sequence
         one = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -68,7 +65,7 @@ def check(w: D.Worker, n: int, heads: int, d: int, impl: str, dtype) -> dict:
     else:
         o1, lse = CP.attention_lse_torch(q, k, v, True, d**-0.5)
         single = [o1, *CP.attention_bwd_torch(q, k, v, o1, lse, do, True, d**-0.5)]
-    single_errs = [rel_err(shard(g), shard(r)) for g, r in zip(single, refs)]
+    single_errs = [rel_error(shard(g), shard(r)) for g, r in zip(single, refs)]
     names = ["o", "dq", "dk", "dv"]
     for name, e_ring, e_one in zip(names, ring_errs, single_errs):
         # As close to fp32 as one device is (bf16 rounding differs in the order of the sums).
