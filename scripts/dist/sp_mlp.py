@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 from kernels import activation_memory as AM  # noqa: E402
 from kernels import collectives as C  # noqa: E402
+from kernels import device  # noqa: E402
 from kernels import distributed as D  # noqa: E402
 from kernels import sequence_parallel as SP  # noqa: E402
 
@@ -117,7 +118,8 @@ def check_attention(w: D.Worker) -> int:
 
 
 def measure_width(w: D.Worker, h: int, s: int, b: int, reps: int, block: str) -> dict:
-    dtype = torch.bfloat16 if w.gpu else torch.float32
+    # bf16 on GPUs that have it; fp16 (with a printed line) on those that do not, as tp_mlp.py does.
+    dtype = device.preferred_dtype(torch.bfloat16) if w.gpu else torch.float32
     row = {"block": block, "h": h, "s": s, "b": b, "dtype": str(dtype).replace("torch.", "")}
     if block == "mlp":
         row["d_ff"] = 4 * h
