@@ -928,14 +928,6 @@ COMPILE_SPECS = [
 # ----------------------------------------------------------------------------- benchmark
 
 
-def _time_roof(nbytes, flops, copy_gbps, peak_tflops, peak_name):
-    """(name, GB/s) ceiling for a record measured in GB/s: bytes over the roofline time."""
-    t_mem, t_cmp = nbytes / (copy_gbps * 1e9), flops / (peak_tflops * 1e12)
-    return ("roof:copy" if t_mem >= t_cmp else f"roof:{peak_name}"), nbytes / max(
-        t_mem, t_cmp
-    ) / 1e9
-
-
 def _decode_records(batch, context, topk, shapes, dtype, copy, peak, idx_peak) -> list[dict]:
     h, r, dr, hi, di = shapes
     idx_dtype = indexer_dtype()
@@ -974,12 +966,12 @@ def _decode_records(batch, context, topk, shapes, dtype, copy, peak, idx_peak) -
         bench.record("dsa", "decode-dsa", shape, dtype, full, baseline=("mla_decode-dense", dense),
                      ceiling=("roof:model", (i_b + t_b + s_b) / t["dsa"] / 1e9)),
         bench.record("dsa", "decode-dense-mla", shape, dtype, dense,
-                     ceiling=_time_roof(dense_b, dense_f, copy, peak, "matmul_bf16")),
+                     ceiling=mla._roof(dense_b, dense_f, copy, peak, "matmul_bf16")),
         bench.record("dsa", "decode-indexer", shape, str(idx_dtype), m_idx,
-                     ceiling=_time_roof(i_b, i_f, copy, idx_peak, idx_peak_name)),
+                     ceiling=mla._roof(i_b, i_f, copy, idx_peak, idx_peak_name)),
         bench.record("dsa", "decode-topk", shape, "float32", m_top, ceiling=("copy", copy)),
         bench.record("dsa", "decode-sparse-mla", shape, dtype, m_sp,
-                     ceiling=_time_roof(s_b, s_f, copy, peak, "matmul_bf16")),
+                     ceiling=mla._roof(s_b, s_f, copy, peak, "matmul_bf16")),
     ]  # fmt: skip
 
 
