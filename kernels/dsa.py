@@ -883,33 +883,8 @@ _SPARSE_SIZES = {
 
 
 def _sparse_spec(t: str, splits: int, min_cc: int, block_h: int = 32, warps: int = 8) -> dict:
-    out_t = t if splits == 1 else "fp32"
-    return dict(
-        kernel=_sparse_mla_kernel.fn,
-        signature={
-            "q_lat_ptr": f"*{t}",
-            "q_rope_ptr": f"*{t}",
-            "kv_ptr": f"*{t}",
-            "block_table_ptr": "*i32",
-            "idx_ptr": "*i32",
-            "out_ptr": f"*{out_t}",
-            "lse_ptr": "*fp32" if splits > 1 else f"*{out_t}",
-            "sm_scale": "fp32",
-            **_SPARSE_SIZES,
-        },
-        constexprs={
-            "R": 512,
-            "ROPE": 64,
-            "R_PAD": 512,
-            "ROPE_PAD": 64,
-            "PAGE_SIZE": 64,
-            "DIRECT": splits == 1,
-            "FP32_EXACT": t == "fp32",
-            "BLOCK_H": block_h,
-            "BLOCK_N": 32,
-        },
-        options={"num_warps": warps, "num_stages": 2},
-        min_cc=min_cc,
+    return mla._attention_spec(
+        _sparse_mla_kernel, _SPARSE_SIZES, "idx_ptr", t, splits, min_cc, block_h, warps
     )
 
 

@@ -846,20 +846,25 @@ _SIZES = {
 }  # fmt: skip
 
 
-def _decode_spec(t: str, splits: int, min_cc: int, block_h: int = 32, warps: int = 8) -> dict:
+def _attention_spec(
+    kernel, sizes: dict, index_ptr: str, t: str, splits: int, min_cc: int, block_h: int, warps: int
+) -> dict:
+    """The compile spec of an MLA attention kernel at DeepSeek-V3's shapes: ``mla_decode``'s
+    (``index_ptr`` its seq_lens) and ``dsa.sparse_mla``'s (its top-k indices) share all but the
+    kernel, the token-selecting pointer and the sizes."""
     out_t = t if splits == 1 else "fp32"
     return dict(
-        kernel=_mla_decode_kernel.fn,
+        kernel=kernel.fn,
         signature={
             "q_lat_ptr": f"*{t}",
             "q_rope_ptr": f"*{t}",
             "kv_ptr": f"*{t}",
             "block_table_ptr": "*i32",
-            "seq_lens_ptr": "*i32",
+            index_ptr: "*i32",
             "out_ptr": f"*{out_t}",
             "lse_ptr": "*fp32" if splits > 1 else f"*{out_t}",
             "sm_scale": "fp32",
-            **_SIZES,
+            **sizes,
         },
         constexprs={
             "R": 512,
@@ -874,6 +879,12 @@ def _decode_spec(t: str, splits: int, min_cc: int, block_h: int = 32, warps: int
         },
         options={"num_warps": warps, "num_stages": 2},
         min_cc=min_cc,
+    )  # fmt: skip
+
+
+def _decode_spec(t: str, splits: int, min_cc: int, block_h: int = 32, warps: int = 8) -> dict:
+    return _attention_spec(
+        _mla_decode_kernel, _SIZES, "seq_lens_ptr", t, splits, min_cc, block_h, warps
     )
 
 
