@@ -539,12 +539,7 @@ def sparse_mla(
     q_rp = q_rope.reshape(n_rows, n_heads, d_rope)
     idx = indices.reshape(n_rows, n_idx)
     splits = num_splits or mla.default_num_splits(n_rows, n_idx)
-    if splits == 1:
-        o_dst, lse, stride_osplit = out.view(n_rows, n_heads, r), out, 0
-    else:
-        o_dst = torch.empty(n_rows, n_heads, splits, r, device=out.device, dtype=torch.float32)
-        lse = torch.empty(n_rows, n_heads, splits, device=out.device, dtype=torch.float32)
-        stride_osplit = o_dst.stride(2)
+    o_dst, lse, stride_osplit = mla.split_outputs(out.view(n_rows, n_heads, r), splits)
     args = (
         q_lat, q_rp, kv_cache, block_table, idx, o_dst, lse,
         scale, next_power_of_2(n_rows), splits, n_heads, n_queries, n_idx,

@@ -470,6 +470,18 @@ def launch_attention(kernel, grid_rows: int, n_heads: int, splits: int, config, 
         kernel.fn[grid](*args, **meta, BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=s)
 
 
+def split_outputs(out: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Where an attention kernel writes for ``out: [rows, H, r]``: with one split ``out`` itself
+    (the lse pointer unused), else fp32 partials ``[rows, H, splits, r]`` and their log-sum-exps
+    ``[rows, H, splits]`` for ``combine``. Returns ``(o_dst, lse, stride_osplit)``."""
+    if splits == 1:
+        return out, out, 0
+    rows, n_heads, r = out.shape
+    o_dst = torch.empty(rows, n_heads, splits, r, device=out.device, dtype=torch.float32)
+    lse = torch.empty(rows, n_heads, splits, device=out.device, dtype=torch.float32)
+    return o_dst, lse, o_dst.stride(2)
+
+
 def combine(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
     """Merge split partial outputs ``o_part: fp32 [..., splits, R]`` with their base-2 log-sum-exps
     ``lse: [..., splits]`` into ``out: [..., R]`` (all contiguous)."""
@@ -530,12 +542,7 @@ def mla_decode(
         return out
     max_tokens = block_table.shape[1] * page
     splits = num_splits or default_num_splits(n_seqs, max_tokens)
-    if splits == 1:
-        o_dst, lse, stride_osplit = out, out, 0  # lse is unused with one split
-    else:
-        o_dst = torch.empty(n_seqs, n_heads, splits, r, device=out.device, dtype=torch.float32)
-        lse = torch.empty(n_seqs, n_heads, splits, device=out.device, dtype=torch.float32)
-        stride_osplit = o_dst.stride(2)
+    o_dst, lse, stride_osplit = split_outputs(out, splits)
     args = (
         q_latent, q_rope, kv_cache, block_table, seq_lens, o_dst, lse,
         scale, next_power_of_2(n_seqs), next_power_of_2(max_tokens), splits, n_heads,
