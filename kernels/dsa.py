@@ -708,6 +708,40 @@ def sparse_mla_flops(
     return mla.mla_decode_flops(n_queries, topk, n_heads, r, d_rope)
 
 
+def decode_stage_costs(
+    context: int,
+    batch: int,
+    *,
+    topk: int = 2048,
+    key_bytes: int = 1,
+    dtype_bytes: int = 2,
+    n_heads: int = 128,
+    r: int = 512,
+    d_rope: int = 64,
+    n_idx_heads: int = 64,
+    d_idx: int = 128,
+) -> dict[str, tuple[int, int]]:
+    """``(bytes, FLOPs)`` of each stage of one decode step for ``batch`` sequences of ``context``
+    tokens: the ``indexer``, the ``topk`` (reads the fp32 scores, writes the int32 ids), ``sparse``
+    MLA over ``min(topk, context)`` rows, and ``dense`` MLA decode over the whole context."""
+    k_eff = min(topk, context)
+    return {
+        "indexer": (
+            batch * indexer_bytes(context, 1, d_idx, key_bytes, n_idx_heads),
+            batch * indexer_flops(context, 1, n_idx_heads, d_idx),
+        ),
+        "topk": (batch * (4 * context + 4 * topk), 0),
+        "sparse": (
+            batch * sparse_mla_bytes(k_eff, 1, n_heads, r, d_rope, dtype_bytes),
+            batch * sparse_mla_flops(k_eff, 1, n_heads, r, d_rope),
+        ),
+        "dense": (
+            mla.mla_decode_bytes(batch, context, n_heads, r, d_rope, dtype_bytes),
+            mla.mla_decode_flops(batch, context, n_heads, r, d_rope),
+        ),
+    }
+
+
 def dsa_decode_time_s(
     context: int,
     batch: int,
@@ -725,38 +759,18 @@ def dsa_decode_time_s(
 ) -> dict[str, float]:
     """Roofline times (seconds) of one decode step per stage, each max(bytes / bandwidth, FLOPs /
     peak): the indexer (at ``tflops_index``, the FP8 peak, default the bf16 one), the top-k (reads
-    the scores), sparse MLA, their ``dsa`` total, and ``dense`` MLA decode over the whole context."""
-    bw = bandwidth_gbps * 1e9
-    t_idx_peak = (tflops_index or tflops_bf16) * 1e12
-    peak = tflops_bf16 * 1e12
-
-    def roof(nbytes, flops, p):
-        return max(nbytes / bw, flops / p)
-
-    idx = roof(
-        batch * indexer_bytes(context, 1, d_idx, key_bytes, n_idx_heads),
-        batch * indexer_flops(context, 1, n_idx_heads, d_idx),
-        t_idx_peak,
-    )
-    top = batch * (4 * context + 4 * topk) / bw
-    k_eff = min(topk, context)
-    sparse = roof(
-        batch * sparse_mla_bytes(k_eff, 1, n_heads, r, d_rope),
-        batch * sparse_mla_flops(k_eff, 1, n_heads, r, d_rope),
-        peak,
-    )
-    dense = roof(
-        mla.mla_decode_bytes(batch, context, n_heads, r, d_rope),
-        mla.mla_decode_flops(batch, context, n_heads, r, d_rope),
-        peak,
-    )
-    return {
-        "indexer": idx,
-        "topk": top,
-        "sparse": sparse,
-        "dsa": idx + top + sparse,
-        "dense": dense,
+    the scores), sparse MLA, their ``dsa`` total, and ``dense`` MLA decode over the whole context
+    (the counts of ``decode_stage_costs``, in bf16)."""
+    bw, peak = bandwidth_gbps * 1e9, tflops_bf16 * 1e12
+    idx_peak = (tflops_index or tflops_bf16) * 1e12
+    cost = decode_stage_costs(context, batch, topk=topk, key_bytes=key_bytes, n_heads=n_heads,
+                              r=r, d_rope=d_rope, n_idx_heads=n_idx_heads, d_idx=d_idx)  # fmt: skip
+    t = {
+        stage: max(nbytes / bw, flops / (idx_peak if stage == "indexer" else peak))
+        for stage, (nbytes, flops) in cost.items()
     }
+    t["dsa"] = t["indexer"] + t["topk"] + t["sparse"]
+    return {k: t[k] for k in ("indexer", "topk", "sparse", "dsa", "dense")}
 
 
 def crossover_context(
@@ -909,13 +923,10 @@ def _decode_records(batch, context, topk, shapes, dtype, copy, peak, idx_peak) -
     pos = c["positions"]
     kb = idx_dtype.itemsize
     shape = [batch, context, topk, h, r, dr, hi, di]
-    dense_b = mla.mla_decode_bytes(batch, context, h, r, dr, dtype.itemsize)
-    dense_f = mla.mla_decode_flops(batch, context, h, r, dr)
-    i_b = batch * indexer_bytes(context, 1, di, kb, hi)
-    i_f = batch * indexer_flops(context, 1, hi, di)
-    s_b = batch * sparse_mla_bytes(min(topk, context), 1, h, r, dr, dtype.itemsize)
-    s_f = batch * sparse_mla_flops(min(topk, context), 1, h, r, dr)
-    t_b = batch * (4 * context + 4 * topk)
+    cost = decode_stage_costs(context, batch, topk=topk, key_bytes=kb, dtype_bytes=dtype.itemsize,
+                              n_heads=h, r=r, d_rope=dr, n_idx_heads=hi, d_idx=di)  # fmt: skip
+    (dense_b, dense_f), (i_b, i_f), (s_b, s_f) = cost["dense"], cost["indexer"], cost["sparse"]
+    t_b = cost["topk"][0]
     idx_peak_name = "matmul_fp8" if idx_dtype == torch.float8_e4m3fn else "matmul_bf16"
 
     dense = bench.measure(lambda: mla.mla_decode(q_lat, q_rope, kv, table, lens), bytes=dense_b)
