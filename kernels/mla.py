@@ -46,7 +46,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, roofline
+from kernels import _validate, bench, device, paged_attention, roofline
 from kernels.launch import next_power_of_2, sm_count
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -641,10 +641,9 @@ def split_kv_b_proj(w_kv_b: torch.Tensor, n_heads: int, d_nope: int, d_v: int):
 def gather_latent(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """Tokens ``0 … length-1`` of every sequence as ``[B, length, r + d_rope]`` (positions past a
     sequence's own length read whatever its table points at: mask them). A read and a write of
-    every gathered byte: the price of calling contiguous PyTorch ops on a paged cache."""
-    page = kv_cache.shape[1]
-    pos = torch.arange(length, device=kv_cache.device)
-    return kv_cache[block_table[:, pos // page].long(), pos % page]
+    every gathered byte: the price of calling contiguous PyTorch ops on a paged cache. The cache is
+    paged attention's with one kv head and no head axis."""
+    return paged_attention.gather_kv(kv_cache[:, None], block_table, length)[:, 0]
 
 
 def _ref_dtype(t: torch.Tensor) -> torch.dtype:
