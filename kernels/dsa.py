@@ -539,12 +539,7 @@ def sparse_mla(
     q_rp = q_rope.reshape(n_rows, n_heads, d_rope)
     idx = indices.reshape(n_rows, n_idx)
     splits = num_splits or mla.default_num_splits(n_rows, n_idx)
-    if splits == 1:
-        o_dst, lse, stride_osplit = out.view(n_rows, n_heads, r), out, 0
-    else:
-        o_dst = torch.empty(n_rows, n_heads, splits, r, device=out.device, dtype=torch.float32)
-        lse = torch.empty(n_rows, n_heads, splits, device=out.device, dtype=torch.float32)
-        stride_osplit = o_dst.stride(2)
+    o_dst, lse, stride_osplit = mla.split_outputs(out.view(n_rows, n_heads, r), splits)
     args = (
         q_lat, q_rp, kv_cache, block_table, idx, o_dst, lse,
         scale, next_power_of_2(n_rows), splits, n_heads, n_queries, n_idx,
@@ -713,6 +708,40 @@ def sparse_mla_flops(
     return mla.mla_decode_flops(n_queries, topk, n_heads, r, d_rope)
 
 
+def decode_stage_costs(
+    context: int,
+    batch: int,
+    *,
+    topk: int = 2048,
+    key_bytes: int = 1,
+    dtype_bytes: int = 2,
+    n_heads: int = 128,
+    r: int = 512,
+    d_rope: int = 64,
+    n_idx_heads: int = 64,
+    d_idx: int = 128,
+) -> dict[str, tuple[int, int]]:
+    """``(bytes, FLOPs)`` of each stage of one decode step for ``batch`` sequences of ``context``
+    tokens: the ``indexer``, the ``topk`` (reads the fp32 scores, writes the int32 ids), ``sparse``
+    MLA over ``min(topk, context)`` rows, and ``dense`` MLA decode over the whole context."""
+    k_eff = min(topk, context)
+    return {
+        "indexer": (
+            batch * indexer_bytes(context, 1, d_idx, key_bytes, n_idx_heads),
+            batch * indexer_flops(context, 1, n_idx_heads, d_idx),
+        ),
+        "topk": (batch * (4 * context + 4 * topk), 0),
+        "sparse": (
+            batch * sparse_mla_bytes(k_eff, 1, n_heads, r, d_rope, dtype_bytes),
+            batch * sparse_mla_flops(k_eff, 1, n_heads, r, d_rope),
+        ),
+        "dense": (
+            mla.mla_decode_bytes(batch, context, n_heads, r, d_rope, dtype_bytes),
+            mla.mla_decode_flops(batch, context, n_heads, r, d_rope),
+        ),
+    }
+
+
 def dsa_decode_time_s(
     context: int,
     batch: int,
@@ -730,38 +759,18 @@ def dsa_decode_time_s(
 ) -> dict[str, float]:
     """Roofline times (seconds) of one decode step per stage, each max(bytes / bandwidth, FLOPs /
     peak): the indexer (at ``tflops_index``, the FP8 peak, default the bf16 one), the top-k (reads
-    the scores), sparse MLA, their ``dsa`` total, and ``dense`` MLA decode over the whole context."""
-    bw = bandwidth_gbps * 1e9
-    t_idx_peak = (tflops_index or tflops_bf16) * 1e12
-    peak = tflops_bf16 * 1e12
-
-    def roof(nbytes, flops, p):
-        return max(nbytes / bw, flops / p)
-
-    idx = roof(
-        batch * indexer_bytes(context, 1, d_idx, key_bytes, n_idx_heads),
-        batch * indexer_flops(context, 1, n_idx_heads, d_idx),
-        t_idx_peak,
-    )
-    top = batch * (4 * context + 4 * topk) / bw
-    k_eff = min(topk, context)
-    sparse = roof(
-        batch * sparse_mla_bytes(k_eff, 1, n_heads, r, d_rope),
-        batch * sparse_mla_flops(k_eff, 1, n_heads, r, d_rope),
-        peak,
-    )
-    dense = roof(
-        mla.mla_decode_bytes(batch, context, n_heads, r, d_rope),
-        mla.mla_decode_flops(batch, context, n_heads, r, d_rope),
-        peak,
-    )
-    return {
-        "indexer": idx,
-        "topk": top,
-        "sparse": sparse,
-        "dsa": idx + top + sparse,
-        "dense": dense,
+    the scores), sparse MLA, their ``dsa`` total, and ``dense`` MLA decode over the whole context
+    (the counts of ``decode_stage_costs``, in bf16)."""
+    bw, peak = bandwidth_gbps * 1e9, tflops_bf16 * 1e12
+    idx_peak = (tflops_index or tflops_bf16) * 1e12
+    cost = decode_stage_costs(context, batch, topk=topk, key_bytes=key_bytes, n_heads=n_heads,
+                              r=r, d_rope=d_rope, n_idx_heads=n_idx_heads, d_idx=d_idx)  # fmt: skip
+    t = {
+        stage: max(nbytes / bw, flops / (idx_peak if stage == "indexer" else peak))
+        for stage, (nbytes, flops) in cost.items()
     }
+    t["dsa"] = t["indexer"] + t["topk"] + t["sparse"]
+    return {k: t[k] for k in ("indexer", "topk", "sparse", "dsa", "dense")}
 
 
 def crossover_context(
@@ -883,33 +892,8 @@ _SPARSE_SIZES = {
 
 
 def _sparse_spec(t: str, splits: int, min_cc: int, block_h: int = 32, warps: int = 8) -> dict:
-    out_t = t if splits == 1 else "fp32"
-    return dict(
-        kernel=_sparse_mla_kernel.fn,
-        signature={
-            "q_lat_ptr": f"*{t}",
-            "q_rope_ptr": f"*{t}",
-            "kv_ptr": f"*{t}",
-            "block_table_ptr": "*i32",
-            "idx_ptr": "*i32",
-            "out_ptr": f"*{out_t}",
-            "lse_ptr": "*fp32" if splits > 1 else f"*{out_t}",
-            "sm_scale": "fp32",
-            **_SPARSE_SIZES,
-        },
-        constexprs={
-            "R": 512,
-            "ROPE": 64,
-            "R_PAD": 512,
-            "ROPE_PAD": 64,
-            "PAGE_SIZE": 64,
-            "DIRECT": splits == 1,
-            "FP32_EXACT": t == "fp32",
-            "BLOCK_H": block_h,
-            "BLOCK_N": 32,
-        },
-        options={"num_warps": warps, "num_stages": 2},
-        min_cc=min_cc,
+    return mla._attention_spec(
+        _sparse_mla_kernel, _SPARSE_SIZES, "idx_ptr", t, splits, min_cc, block_h, warps
     )
 
 
@@ -928,14 +912,6 @@ COMPILE_SPECS = [
 # ----------------------------------------------------------------------------- benchmark
 
 
-def _time_roof(nbytes, flops, copy_gbps, peak_tflops, peak_name):
-    """(name, GB/s) ceiling for a record measured in GB/s: bytes over the roofline time."""
-    t_mem, t_cmp = nbytes / (copy_gbps * 1e9), flops / (peak_tflops * 1e12)
-    return ("roof:copy" if t_mem >= t_cmp else f"roof:{peak_name}"), nbytes / max(
-        t_mem, t_cmp
-    ) / 1e9
-
-
 def _decode_records(batch, context, topk, shapes, dtype, copy, peak, idx_peak) -> list[dict]:
     h, r, dr, hi, di = shapes
     idx_dtype = indexer_dtype()
@@ -947,13 +923,10 @@ def _decode_records(batch, context, topk, shapes, dtype, copy, peak, idx_peak) -
     pos = c["positions"]
     kb = idx_dtype.itemsize
     shape = [batch, context, topk, h, r, dr, hi, di]
-    dense_b = mla.mla_decode_bytes(batch, context, h, r, dr, dtype.itemsize)
-    dense_f = mla.mla_decode_flops(batch, context, h, r, dr)
-    i_b = batch * indexer_bytes(context, 1, di, kb, hi)
-    i_f = batch * indexer_flops(context, 1, hi, di)
-    s_b = batch * sparse_mla_bytes(min(topk, context), 1, h, r, dr, dtype.itemsize)
-    s_f = batch * sparse_mla_flops(min(topk, context), 1, h, r, dr)
-    t_b = batch * (4 * context + 4 * topk)
+    cost = decode_stage_costs(context, batch, topk=topk, key_bytes=kb, dtype_bytes=dtype.itemsize,
+                              n_heads=h, r=r, d_rope=dr, n_idx_heads=hi, d_idx=di)  # fmt: skip
+    (dense_b, dense_f), (i_b, i_f), (s_b, s_f) = cost["dense"], cost["indexer"], cost["sparse"]
+    t_b = cost["topk"][0]
     idx_peak_name = "matmul_fp8" if idx_dtype == torch.float8_e4m3fn else "matmul_bf16"
 
     dense = bench.measure(lambda: mla.mla_decode(q_lat, q_rope, kv, table, lens), bytes=dense_b)
@@ -974,12 +947,12 @@ def _decode_records(batch, context, topk, shapes, dtype, copy, peak, idx_peak) -
         bench.record("dsa", "decode-dsa", shape, dtype, full, baseline=("mla_decode-dense", dense),
                      ceiling=("roof:model", (i_b + t_b + s_b) / t["dsa"] / 1e9)),
         bench.record("dsa", "decode-dense-mla", shape, dtype, dense,
-                     ceiling=_time_roof(dense_b, dense_f, copy, peak, "matmul_bf16")),
+                     ceiling=mla._roof(dense_b, dense_f, copy, peak, "matmul_bf16")),
         bench.record("dsa", "decode-indexer", shape, str(idx_dtype), m_idx,
-                     ceiling=_time_roof(i_b, i_f, copy, idx_peak, idx_peak_name)),
+                     ceiling=mla._roof(i_b, i_f, copy, idx_peak, idx_peak_name)),
         bench.record("dsa", "decode-topk", shape, "float32", m_top, ceiling=("copy", copy)),
         bench.record("dsa", "decode-sparse-mla", shape, dtype, m_sp,
-                     ceiling=_time_roof(s_b, s_f, copy, peak, "matmul_bf16")),
+                     ceiling=mla._roof(s_b, s_f, copy, peak, "matmul_bf16")),
     ]  # fmt: skip
 
 

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, roofline
+from kernels import _validate, bench, device, paged_attention, roofline
 from kernels.launch import next_power_of_2, sm_count
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -470,6 +470,18 @@ def launch_attention(kernel, grid_rows: int, n_heads: int, splits: int, config, 
         kernel.fn[grid](*args, **meta, BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=s)
 
 
+def split_outputs(out: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Where an attention kernel writes for ``out: [rows, H, r]``: with one split ``out`` itself
+    (the lse pointer unused), else fp32 partials ``[rows, H, splits, r]`` and their log-sum-exps
+    ``[rows, H, splits]`` for ``combine``. Returns ``(o_dst, lse, stride_osplit)``."""
+    if splits == 1:
+        return out, out, 0
+    rows, n_heads, r = out.shape
+    o_dst = torch.empty(rows, n_heads, splits, r, device=out.device, dtype=torch.float32)
+    lse = torch.empty(rows, n_heads, splits, device=out.device, dtype=torch.float32)
+    return o_dst, lse, o_dst.stride(2)
+
+
 def combine(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
     """Merge split partial outputs ``o_part: fp32 [..., splits, R]`` with their base-2 log-sum-exps
     ``lse: [..., splits]`` into ``out: [..., R]`` (all contiguous)."""
@@ -530,12 +542,7 @@ def mla_decode(
         return out
     max_tokens = block_table.shape[1] * page
     splits = num_splits or default_num_splits(n_seqs, max_tokens)
-    if splits == 1:
-        o_dst, lse, stride_osplit = out, out, 0  # lse is unused with one split
-    else:
-        o_dst = torch.empty(n_seqs, n_heads, splits, r, device=out.device, dtype=torch.float32)
-        lse = torch.empty(n_seqs, n_heads, splits, device=out.device, dtype=torch.float32)
-        stride_osplit = o_dst.stride(2)
+    o_dst, lse, stride_osplit = split_outputs(out, splits)
     args = (
         q_latent, q_rope, kv_cache, block_table, seq_lens, o_dst, lse,
         scale, next_power_of_2(n_seqs), next_power_of_2(max_tokens), splits, n_heads,
@@ -634,10 +641,9 @@ def split_kv_b_proj(w_kv_b: torch.Tensor, n_heads: int, d_nope: int, d_v: int):
 def gather_latent(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """Tokens ``0 … length-1`` of every sequence as ``[B, length, r + d_rope]`` (positions past a
     sequence's own length read whatever its table points at: mask them). A read and a write of
-    every gathered byte: the price of calling contiguous PyTorch ops on a paged cache."""
-    page = kv_cache.shape[1]
-    pos = torch.arange(length, device=kv_cache.device)
-    return kv_cache[block_table[:, pos // page].long(), pos % page]
+    every gathered byte: the price of calling contiguous PyTorch ops on a paged cache. The cache is
+    paged attention's with one kv head and no head axis."""
+    return paged_attention.gather_kv(kv_cache[:, None], block_table, length)[:, 0]
 
 
 def _ref_dtype(t: torch.Tensor) -> torch.dtype:
@@ -846,20 +852,25 @@ _SIZES = {
 }  # fmt: skip
 
 
-def _decode_spec(t: str, splits: int, min_cc: int, block_h: int = 32, warps: int = 8) -> dict:
+def _attention_spec(
+    kernel, sizes: dict, index_ptr: str, t: str, splits: int, min_cc: int, block_h: int, warps: int
+) -> dict:
+    """The compile spec of an MLA attention kernel at DeepSeek-V3's shapes: ``mla_decode``'s
+    (``index_ptr`` its seq_lens) and ``dsa.sparse_mla``'s (its top-k indices) share all but the
+    kernel, the token-selecting pointer and the sizes."""
     out_t = t if splits == 1 else "fp32"
     return dict(
-        kernel=_mla_decode_kernel.fn,
+        kernel=kernel.fn,
         signature={
             "q_lat_ptr": f"*{t}",
             "q_rope_ptr": f"*{t}",
             "kv_ptr": f"*{t}",
             "block_table_ptr": "*i32",
-            "seq_lens_ptr": "*i32",
+            index_ptr: "*i32",
             "out_ptr": f"*{out_t}",
             "lse_ptr": "*fp32" if splits > 1 else f"*{out_t}",
             "sm_scale": "fp32",
-            **_SIZES,
+            **sizes,
         },
         constexprs={
             "R": 512,
@@ -874,6 +885,12 @@ def _decode_spec(t: str, splits: int, min_cc: int, block_h: int = 32, warps: int
         },
         options={"num_warps": warps, "num_stages": 2},
         min_cc=min_cc,
+    )  # fmt: skip
+
+
+def _decode_spec(t: str, splits: int, min_cc: int, block_h: int = 32, warps: int = 8) -> dict:
+    return _attention_spec(
+        _mla_decode_kernel, _SIZES, "seq_lens_ptr", t, splits, min_cc, block_h, warps
     )
 
 
@@ -904,12 +921,14 @@ COMPILE_SPECS = [
 # ----------------------------------------------------------------------------- benchmark
 
 
-def _roof(nbytes: int, flops: int, copy_gbps: float, peak_tflops: float) -> tuple[str, float]:
+def _roof(
+    nbytes: int, flops: int, copy_gbps: float, peak_tflops: float, peak_name: str = "matmul_bf16"
+) -> tuple[str, float]:
     """The benchmark's ceiling as a record wants it (GB/s, since records carry GB/s): the bytes
     over the roofline time max(bytes / copy bandwidth, FLOPs / matmul peak), named after the roof
     that binds."""
     t_mem, t_cmp = nbytes / (copy_gbps * 1e9), flops / (peak_tflops * 1e12)
-    name = "roof:copy" if t_mem >= t_cmp else "roof:matmul_bf16"
+    name = "roof:copy" if t_mem >= t_cmp else f"roof:{peak_name}"
     return name, nbytes / max(t_mem, t_cmp) / 1e9
 
 

@@ -51,9 +51,10 @@ def test_indexer_fp16_and_n_ctx():
 
 def test_indexer_dtype_follows_the_device():
     want = torch.float32
-    if device.GPU_MODE:
-        want = torch.float8_e4m3fn if device.capabilities().fp8 else torch.bfloat16
-    assert dsa.indexer_dtype() in (want, torch.float16)
+    if device.GPU_MODE:  # bf16, or fp16 on a GPU without it
+        bf16 = device.preferred_dtype(torch.bfloat16)
+        want = torch.float8_e4m3fn if device.capabilities().fp8 else bf16
+    assert dsa.indexer_dtype() == want
 
 
 @pytest.mark.gpu

@@ -19,16 +19,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kernels import bench, device, dsa, mla, roofline  # noqa: E402
+from kernels.numerics import rel_error as rel_err  # noqa: E402
 
 V3 = mla.DEEPSEEK_V3
 H, R, ROPE = V3["n_heads"], V3["r"], V3["d_rope"]
 HI, DI, TOPK = dsa.DEEPSEEK_V32["n_idx_heads"], dsa.DEEPSEEK_V32["d_idx"], dsa.DEEPSEEK_V32["topk"]
 DTYPE = torch.bfloat16
 LONG, MID, SHORT = 32768, 8192, 4097  # context lengths of the correctness checks
-
-
-def rel_err(out, ref) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
 def check(name: str, err: float, tol: float) -> None:
