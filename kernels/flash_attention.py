@@ -143,6 +143,17 @@ def _configs(resident: str, streamed: str, tuned: list, small: list, hook=None):
 
 
 @triton.jit
+def _online_softmax_step(acc, l_i, m_i, s, qk_scale):
+    # Online softmax, base 2: scale and subtract the new running max in one FMA per score.
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    return acc, l_i, m_new, p
+
+
+@triton.jit
 def _fwd_tiles(
     acc,
     l_i,
@@ -180,12 +191,7 @@ def _fwd_tiles(
             s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
         if MASK == 2:
             s = tl.where(offs_n[None, :] < N_KV, s, float("-inf"))
-        # Online softmax, base 2: scale and subtract the new running max in one FMA per score.
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        acc, l_i, m_i, p = _online_softmax_step(acc, l_i, m_i, s, qk_scale)
         if USE_TMA:
             v = v_src.load([kv_row0 + start_n, 0])
         elif MASK == 0:
@@ -194,7 +200,6 @@ def _fwd_tiles(
             v = tl.load(v_src + kv_off, mask=offs_n[:, None] < N_KV, other=0.0)
         # P is rounded to the input dtype for the second tensor-core matmul; acc stays fp32.
         acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
     return acc, l_i, m_i
 
 

@@ -161,16 +161,11 @@ def _attn_fwd_ws_kernel(
         elif not EVEN_N:  # keys past the end read as zeros: hide their scores
             offs_n = start_n + tl.arange(0, BLOCK_N)
             s = tl.where(offs_n[None, :] < N_KV, s, float("-inf"))
-        # Online softmax, base 2: scale and subtract the new running max in one FMA per score.
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        # The course's online-softmax step (base 2, scale folded into one FMA per score).
+        acc, l_i, m_i, p = fa._online_softmax_step(acc, l_i, m_i, s, qk_scale)
         v = v_desc.load([start_n, 0])
         # P is rounded to the input dtype for the second tensor-core matmul; acc stays fp32.
         acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
 
     # Epilogue: one division per output element, and the base-2 log-sum-exp of the scaled scores.
     acc = acc / l_i[:, None]

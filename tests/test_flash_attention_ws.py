@@ -19,6 +19,7 @@ import torch
 from kernels import device
 from kernels import flash_attention as fa
 from kernels import flash_attention_ws as ws
+from kernels.numerics import rel_error as _rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
 HOPPER = device.GPU_MODE and (device.capabilities().compute_capability or (0,))[0] == 9
@@ -27,10 +28,6 @@ DTYPES = [torch.float16] + ([torch.bfloat16] if HOPPER else [])
 # Relative error (Frobenius norm) against the fp32 reference: the output rounded once to 16 bits
 # and P rounded to 16 bits before P·V, as in tests/test_flash_attention.py.
 TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
-
-
-def _rel_err(out, ref):
-    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
 
 
 def _inputs(b, h, n_q, n_kv, d, dtype, seed=0):

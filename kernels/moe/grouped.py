@@ -55,10 +55,9 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, device, launch
-from kernels.matmul import _tile_coords
+from kernels.matmul import GROUP_M, _tile_coords
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-GROUP_M = 8
 MAX_EXPERTS = 4096  # the offsets vector each program holds in registers
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). A 128 x 256 tile with two fp32 accumulators

@@ -100,7 +100,7 @@ class _MoEExperts(torch.autograd.Function):
         return dx, dweights if need_w else None, None, dwg, dwu, dwd, None, None
 
 
-def _check_layer(x, router_w, w_gate, w_up, w_down, top_k, trans_b, router_bias):
+def _check_layer(x, router_w, w_gate, w_up, w_down, trans_b, router_bias):
     _validate.tensor("x", x, dtypes=SUPPORTED_DTYPES, ndim=2)
     T, D = x.shape
     for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
@@ -159,7 +159,7 @@ def moe_layer(
     tensor argument. ``router_w: [E, D]``; ``w_gate, w_up: [E, D, F]``, ``w_down: [E, F, D]`` (or
     with ``trans_b`` ``[E, F, D]`` and ``[E, D, F]``), all in x's dtype (the router may be fp32).
     ``scoring`` and ``norm_topk`` as in ``route``. Returns ``[T, D]`` in x's dtype."""
-    _check_layer(x, router_w, w_gate, w_up, w_down, top_k, trans_b, router_bias)
+    _check_layer(x, router_w, w_gate, w_up, w_down, trans_b, router_bias)
     ids, weights = route(router_logits(x, router_w, router_bias), top_k, scoring, norm_topk)
     train = torch.is_grad_enabled() and any(
         t.requires_grad for t in (x, weights, w_gate, w_up, w_down)

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kernels import bench, device  # noqa: E402
 from kernels import flash_attention as fa  # noqa: E402
 from kernels import flash_attention_ws as ws  # noqa: E402
+from kernels.numerics import rel_error as rel_err  # noqa: E402
 
 DTYPE = torch.bfloat16
 HEADS, D = 16, 128
@@ -35,10 +36,6 @@ SEQS = [1024, 2048, 4096, 8192, 16384]
 CHECK_SEQS = [1000, 4097] + SEQS  # two lengths that are not multiples of any tile
 GOAL, GOAL_MIN_N = 0.9, 4096
 TOL = 3e-2  # bf16 output and bf16 P before P·V, as in tests/test_flash_attention.py
-
-
-def rel_err(out, ref) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
 def shape_for(n: int) -> tuple[int, int, int, int]:

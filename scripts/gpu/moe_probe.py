@@ -27,10 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kernels import bench, device, moe, roofline  # noqa: E402
 from kernels.moe import benchmark as mb  # noqa: E402
 from kernels.moe import grouped  # noqa: E402
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+from kernels.numerics import rel_error as rel_err  # noqa: E402
 
 
 def check_gemms(T: int = 4096) -> list[tuple[str, float]]:
