@@ -6,7 +6,8 @@
 # line per kernel. Exits non-zero if either stage failed.
 #
 #   PYTHON=python3 scripts/gpu_test.sh [pytest arguments: test paths replace tests/, options add]
-#   SANITIZE_SKIP="sgemm_ladder" skips steps of sanitize_all.py (a quick run; not for the record)
+#   SANITIZE_SKIP="sgemm_ladder" skips steps of sanitize_all.py (a quick run; not for the record);
+#   SANITIZE_ONLY="moe_fwd_bwd" runs only the named steps
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
@@ -21,8 +22,13 @@ if ! slug=$($PYTHON -c "from kernels import device; assert device.GPU_MODE; prin
 fi
 mkdir -p results/gpu-test
 log="results/gpu-test/$(date -u +%F)-$slug.log"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# GPU_TEST_KEEP=DIR keeps pytest's and the sanitizer's whole output there (a run cut short by a
+# time limit then still leaves what it printed).
+if [[ -n ${GPU_TEST_KEEP:-} ]]; then
+    work=$GPU_TEST_KEEP; mkdir -p "$work"
+else
+    work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+fi
 
 paths=()
 for a in "$@"; do [[ $a == tests* || $a == *.py* ]] && paths+=("$a"); done

@@ -19,7 +19,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from pybtex.database import parse_file
+
+pybtex_database = pytest.importorskip(
+    "pybtex.database", reason="pybtex comes with the book's requirements"
+)
+parse_file = pybtex_database.parse_file
 
 ROOT = Path(__file__).resolve().parents[1]
 BIB = ROOT / "references.bib"

@@ -28,6 +28,9 @@ DTYPES = [torch.float16] + ([torch.bfloat16] if HOPPER else [])
 # Relative error (Frobenius norm) against the fp32 reference: the output rounded once to 16 bits
 # and P rounded to 16 bits before P·V, as in tests/test_flash_attention.py.
 TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
+# On a GPU the launcher refuses the warp-specialisation pass (wrong there, see ws.UNSAFE_ENV): the
+# functional tests run the same kernel and tiles with the pass off; the interpreter runs it so anyway.
+KW = {} if device.INTERPRET else {"warp_specialize": False}
 
 
 def _inputs(b, h, n_q, n_kv, d, dtype, seed=0):
@@ -57,7 +60,7 @@ CASES += [(33, 130, 64, False), (70, 45, 128, False)]
 @pytest.mark.parametrize("n_q, n_kv, d, causal", CASES)
 def test_matches_fp32_reference(n_q, n_kv, d, causal, dtype):
     q, k, v = _inputs(2, 3, n_q, n_kv, d, dtype, seed=n_q + n_kv)
-    o, lse = ws.attention_ws_with_lse(q, k, v, causal)
+    o, lse = ws.attention_ws_with_lse(q, k, v, causal, **KW)
     assert o.shape == q.shape and o.dtype == dtype
     assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
     assert _rel_err(o, ws.attention_ref(q, k, v, causal)) < TOL[dtype]
@@ -67,7 +70,7 @@ def test_matches_fp32_reference(n_q, n_kv, d, causal, dtype):
 
 def test_sm_scale_and_forward_only_entry_point():
     q, k, v = _inputs(1, 2, 40, 40, 64, torch.float16, seed=3)
-    o = ws.attention_ws(q, k, v, True, sm_scale=0.3)
+    o = ws.attention_ws(q, k, v, True, sm_scale=0.3, **KW)
     assert _rel_err(o, ws.attention_ref(q, k, v, True, sm_scale=0.3)) < TOL[torch.float16]
     # The same numbers as the course's forward on the same inputs.
     assert _rel_err(o, fa.attention(q, k, v, True, sm_scale=0.3)) < 2e-3
@@ -75,7 +78,7 @@ def test_sm_scale_and_forward_only_entry_point():
 
 def test_empty_queries():
     q, k, v = _inputs(1, 2, 0, 5, 64, torch.float16)
-    o, lse = ws.attention_ws_with_lse(q, k, v)
+    o, lse = ws.attention_ws_with_lse(q, k, v, **KW)
     assert o.shape == (1, 2, 0, 64) and lse.shape == (1, 2, 0)
 
 
@@ -154,10 +157,31 @@ def test_sm90_build_is_warp_specialised():
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n, d", [(130, 64), (1000, 128), (4097, 128)])
-def test_hopper_matches_reference_and_course_forward(n, d, causal):
+def test_hopper_pass_off_matches_reference_and_course_forward(n, d, causal):
     q, k, v = _inputs(2, 3, n, n, d, torch.bfloat16, seed=n)
-    o, lse = ws.attention_ws_with_lse(q, k, v, causal)
+    o, lse = ws.attention_ws_with_lse(q, k, v, causal, warp_specialize=False)
     assert _rel_err(o, fa.attention_ref(q, k, v, causal)) < TOL[torch.bfloat16]
     o_fa, lse_fa = fa.attention_with_lse(q, k, v, causal)
     assert _rel_err(o, o_fa) < 1e-2
+    torch.testing.assert_close(lse, lse_fa, atol=2e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+def test_hopper_refuses_the_pass_unless_asked(monkeypatch):
+    monkeypatch.delenv(ws.UNSAFE_ENV, raising=False)
+    q, k, v = _inputs(1, 2, 130, 130, 64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match=ws.UNSAFE_ENV):
+        ws.attention_ws(q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.xfail(strict=True, reason="the pass's lse is 0 in rows 64-127 of each tile (H100, "
+                   "Triton 3.6): when this passes, lift the launcher's refusal")  # fmt: skip
+def test_hopper_pass_on_lse_is_still_wrong(monkeypatch):
+    monkeypatch.setenv(ws.UNSAFE_ENV, "1")
+    q, k, v = _inputs(1, 2, 1000, 1000, 128, torch.bfloat16, seed=1000)
+    _, lse = ws.attention_ws_with_lse(q, k, v)
+    _, lse_fa = fa.attention_with_lse(q, k, v)
     torch.testing.assert_close(lse, lse_fa, atol=2e-2, rtol=1e-3)

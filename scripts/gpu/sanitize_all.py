@@ -175,6 +175,23 @@ def sgemm_ladder():
         close(cuda.sgemm(a, b, step), cuda.sgemm_ref(a, b), 1e-3)
 
 
+def hopper_gemm():
+    from kernels import cuda
+
+    why = cuda.hgemm_unavailable_reason()
+    if why:
+        print(f"   (skipped: {why})")
+        return
+    # M, N off every 128-row tile, K off the 64-wide k-step and not a multiple of 8 (zero-padded);
+    # B in both layouts (the transposed one is what nn.Linear's weight gives).
+    a = rnd(200, 100, dtype=BF16)
+    b_t = rnd(264, 100, dtype=BF16)  # [N, K]: b = b_t.T, no copy
+    for b in (b_t.T.contiguous(), b_t.T):
+        ref = a.float() @ b.float()
+        for step in cuda.HGEMM_STEPS:
+            close(cuda.hgemm(a, b, step), ref, 2e-2)
+
+
 def megakernel():
     from kernels import megakernel as mk
 
@@ -221,7 +238,7 @@ def moe_fwd_bwd():
 
 
 STEPS = [vector_add, softmax_fwd_bwd, norms_fwd_bwd, matmul, attention_fwd_bwd, paged_decode, mla_dsa,
-         quant_gemv, quant_fp8, sgemm_ladder, megakernel, trees, moe_fwd_bwd]  # fmt: skip
+         quant_gemv, quant_fp8, sgemm_ladder, hopper_gemm, megakernel, trees, moe_fwd_bwd]  # fmt: skip
 
 
 def _run_each_candidate_once() -> None:
@@ -251,8 +268,9 @@ def main() -> int:
         _run_each_candidate_once()
     failed = []
     skip = set(os.environ.get("SANITIZE_SKIP", "").split())
+    only = set(os.environ.get("SANITIZE_ONLY", "").split())
     for step in STEPS:
-        if step.__name__ in skip:
+        if step.__name__ in skip or (only and step.__name__ not in only):
             print(f"skip  {step.__name__} (SANITIZE_SKIP)")
             continue
         t0 = time.perf_counter()
