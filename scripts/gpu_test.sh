@@ -35,7 +35,11 @@ for a in "$@"; do [[ $a == tests* || $a == *.py* ]] && paths+=("$a"); done
 [[ ${#paths[@]} -gt 0 ]] || set -- tests "$@"
 
 t0=$(date +%s)
-$PYTHON -m pytest -m "not browser" -q -p no:cacheprovider -rfE --durations=12 \
+# One line per test (-v), so a run cut short still says how far it got; with pytest-timeout
+# installed, a test that hangs fails after GPU_TEST_TIMEOUT seconds instead of stalling the run.
+timeout_opt=()
+$PYTHON -c "import pytest_timeout" 2>/dev/null && timeout_opt=(--timeout "${GPU_TEST_TIMEOUT:-300}")
+$PYTHON -m pytest -m "not browser" -v -p no:cacheprovider -rfE --durations=12 "${timeout_opt[@]}" \
     --junitxml="$work/junit.xml" "$@" >"$work/pytest.txt" 2>&1
 pytest_rc=$?
 t1=$(date +%s)

@@ -87,19 +87,7 @@ def _autotune_configs(gpu: list, cpu: tuple, names: tuple[str, str, str]) -> lis
     return [triton.Config(dict(zip(names, s[:3])), num_warps=s[3], num_stages=s[4]) for s in shapes]
 
 
-def _prune_fp32(configs, named_args, **kwargs):
-    """fp32 inputs take full-precision dots, which Triton builds from FMAs, not tensor cores: a
-    128 x 128 x 64 tile unrolls into a kernel that ptxas takes minutes to build (on an H100 a
-    fused-SwiGLU test in fp32 stalled the suite for minutes). fp32 is here for references and
-    tests, so it gets one small tile instead of the search."""
-    if device.INTERPRET or not named_args.get("FP32_EXACT", kwargs.get("FP32_EXACT", False)):
-        return configs
-    names = list(configs[0].kwargs)  # BLOCK_M, BLOCK_N and BLOCK_K (BLOCK_R for dW)
-    return [triton.Config(dict(zip(names, (64, 64, 32))), num_warps=4, num_stages=2)]
-
-
 def _prune_swiglu(configs, named_args, **kwargs):
-    configs = _prune_fp32(configs, named_args, **kwargs)
     if not named_args.get("SWIGLU", kwargs.get("SWIGLU", False)):
         return configs
     kept = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 128 * 128]
@@ -337,7 +325,6 @@ _grouped_mm_tuned = triton.autotune(
 _grouped_dw_tuned = triton.autotune(
     configs=_autotune_configs(_GPU_DW_CONFIGS, _CPU_DW_CONFIG, ("BLOCK_M", "BLOCK_N", "BLOCK_R")),
     key=["N", "K", "rows_bucket", "stride_ck", "stride_cn"],
-    prune_configs_by={"early_config_prune": _prune_fp32},
 )(_grouped_dw_kernel)
 
 
