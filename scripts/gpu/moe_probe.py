@@ -1,6 +1,7 @@
 """MoE on one GPU: bf16 correctness at real shapes, then timings against the baselines, in one run.
 
     python scripts/gpu/moe_probe.py [--quick]
+    python scripts/gpu/moe_probe.py --diagnose   # why the grouped GEMM is slow (about a minute)
 
 1. Correctness (bf16, real shapes): ``grouped_matmul`` (both weight layouts), ``grouped_matmul_dw``
    and the fused SwiGLU launch against fp32 references at the DeepSeek-V3-like shape with skewed
@@ -113,6 +114,49 @@ def time_dw(T: int) -> list[dict]:
                          baseline=("loop", base), ceiling=(peak.name, peak.value))]  # fmt: skip
 
 
+def diagnose(T: int = 4096) -> None:
+    """Why the grouped GEMM is slow (the first H100 run measured 30-43 TFLOP/s, 4-6% of the bf16
+    peak, against 232-541 for torch._grouped_mm on the same inputs). At the DeepSeek-V3 shape, for
+    each candidate tile on its own (no autotuner): the time, the grid it launched, and what the
+    compiler built (registers, spills, shared memory, cp.async and wgmma in its PTX); then the
+    same kernel with ONE expert holding every row (a plain dense GEMM: if that is slow too, the
+    kernel body is at fault, not the tile scheduler), against torch.matmul on that dense GEMM."""
+    s = moe.MODEL_SHAPES["deepseek-v3"]
+    E, K, N, k = s.n_experts, s.hidden, s.expert_width, s.top_k
+    ids, _ = mb._routing(T, E, k, "uniform", "cuda")
+    xs, offs, _ = moe.permute(torch.randn(T, K, device="cuda", dtype=torch.bfloat16), ids, E)
+    w = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16) * K**-0.5
+    flops = 2 * xs.shape[0] * K * N
+    one = torch.tensor([0, xs.shape[0]], device="cuda", dtype=torch.int32)
+    w1 = w[:1].contiguous()
+    dense = bench.measure(lambda: xs @ w1[0], flops=flops)
+    print(
+        f"\ndiagnosis at T={T} ({xs.shape[0]} rows, K={K}, N={N}, {E} experts), programs per "
+        f"launch: SMs={grouped._persistent_programs()}"
+    )
+    print(f"  torch.matmul, one dense [{xs.shape[0]}x{K}] @ [{K}x{N}]: {dense.tflops:.1f} TFLOP/s")
+    tuner = grouped._grouped_mm_tuned
+    saved = tuner.configs
+    try:
+        for cfg in saved:
+            tuner.configs, tuner.cache = [cfg], {}
+            m = bench.measure(lambda: moe.grouped_matmul(xs, w, offs), flops=flops)
+            m1 = bench.measure(lambda: moe.grouped_matmul(xs, w1, one), flops=flops)
+            print(f"  {cfg}: {m.tflops:6.1f} TFLOP/s grouped, {m1.tflops:6.1f} one expert")
+    finally:
+        tuner.configs, tuner.cache = saved, {}
+    dev = torch.cuda.current_device()
+    for ck in grouped._grouped_mm_kernel.device_caches[dev][0].values():
+        ptx = ck.asm.get("ptx", "")
+        ck._init_handles()
+        print(
+            f"  built: warps {ck.metadata.num_warps} stages {ck.metadata.num_stages} "
+            f"shared {ck.metadata.shared} regs {ck.n_regs} spills {ck.n_spills} "
+            f"cp.async {ptx.count('cp.async.cg') + ptx.count('cp.async.ca')} "
+            f"wgmma {ptx.count('wgmma.mma_async')} mma.sync {ptx.count('mma.sync')}"
+        )
+
+
 def goals(recs: list[dict]) -> None:
     by = {(r["variant"], tuple(r["shape"])): r for r in recs}
 
@@ -142,10 +186,14 @@ def goals(recs: list[dict]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="4096 tokens, skewed routing only")
+    p.add_argument("--diagnose", action="store_true", help="only the grouped GEMM's diagnosis")
     a = p.parse_args()
     if not device.GPU_MODE:
         sys.exit("moe_probe times GPU kernels: run it on a GPU")
     print(device.describe())
+    if a.diagnose:
+        diagnose()
+        return
     t0 = time.perf_counter()
     print("\ncorrectness (relative error, bf16 vs fp32 reference):")
     for name, err in check_gemms() + check_layer():
