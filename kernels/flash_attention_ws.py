@@ -69,7 +69,10 @@ WARP_SPECIALIZE = not device.INTERPRET
 # Measured on an H100 (2026-11-27, Triton 3.6, scripts/gpu/fa_ws_probe.py): with the pass on, the
 # log-sum-exp of rows 64-127 of every 128-row tile (the second consumer warpgroup's half) comes
 # back as 0 and the causal output is wrong (relative error 0.2); the non-causal output is right.
-# Until the probe passes, the launcher refuses to run the pass on a GPU unless this is set to 1.
+# Triton's own attention tutorial has had the pass off on Hopper for similar reasons (Hopper's
+# data partitioning of the 128-row tile across two consumer warpgroups: triton-lang/triton pull
+# requests 7108 and 7658). Until the probe passes, the launcher refuses to run the pass on a GPU
+# unless this is set to 1.
 UNSAFE_ENV = "GPU_BRRR_WS_UNSAFE"
 
 
