@@ -170,29 +170,32 @@ def _grouped_mm_kernel(
         # Rows past the expert's end are the next expert's: load the last valid row instead
         # (in bounds, unmasked loads) and drop them at the store. No padding in memory.
         rows_in = tl.minimum(rows, row_hi - 1)
+        # Columns past N are masked, not clamped like the rows: min(cols, N - 1) hides from the
+        # compiler that cols are consecutive, and with [E, K, N] weights (N the contiguous axis)
+        # every weight element then became its own 2-byte load, 64-bit pointer and register (255
+        # registers and spills at 128 x 128 tiles, 4-6% of the H100's peak in Lab 4e's first run).
+        # Clamping the rows is free: they are not the contiguous axis of any operand.
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols_in = tl.minimum(cols, N - 1)
+        n_ok = cols < N
         x_ptrs = x_ptr + rows_in.to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
         w_base = expert.to(tl.int64) * stride_we
-        w_ptrs = w_ptr + w_base + offs_k[:, None] * stride_wk + cols_in[None, :] * stride_wn
+        w_ptrs = w_ptr + w_base + offs_k[:, None] * stride_wk + cols[None, :] * stride_wn
         if SWIGLU:
             w2_base = expert.to(tl.int64) * stride_w2e
-            w2_ptrs = (
-                w2_ptr + w2_base + offs_k[:, None] * stride_w2k + cols_in[None, :] * stride_w2n
-            )
+            w2_ptrs = w2_ptr + w2_base + offs_k[:, None] * stride_w2k + cols[None, :] * stride_w2n
             acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         # fp32 accumulators: 16-bit products summed over K would lose the low bits.
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k_ok = offs_k < K - k0  # the last K step may be partial: zeros past the edge
             a = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-            b = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+            b = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             if FP32_EXACT:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
             else:
                 acc = tl.dot(a, b, acc)
             if SWIGLU:  # the x tile just loaded serves both products
-                b2 = tl.load(w2_ptrs, mask=k_ok[:, None], other=0.0)
+                b2 = tl.load(w2_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                 if FP32_EXACT:
                     acc2 = tl.dot(a, b2, acc2, input_precision="ieee")
                 else:
@@ -201,7 +204,7 @@ def _grouped_mm_kernel(
             x_ptrs += BLOCK_K * stride_xk
             w_ptrs += BLOCK_K * stride_wk
         out_off = rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
-        mask = (rows < row_hi)[:, None] & (cols < N)[None, :]
+        mask = (rows < row_hi)[:, None] & n_ok[None, :]
         if SWIGLU:
             if SAVE_PREACT:
                 tl.store(g_ptr + out_off, acc.to(g_ptr.dtype.element_ty), mask=mask)
@@ -261,20 +264,22 @@ def _grouped_dw_kernel(
     offs_r = tl.arange(0, BLOCK_R)
     ks = pid_k * BLOCK_M + tl.arange(0, BLOCK_M)
     ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks_in = tl.minimum(ks, K - 1)
-    ns_in = tl.minimum(ns, N - 1)
+    # Masked, not clamped to K - 1 / N - 1: the columns are both operands' contiguous axis, and a
+    # clamp would turn every load into 2-byte scalars (see _grouped_mm_kernel).
+    k_ok = ks < K
+    n_ok = ns < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for r0 in range(lo, hi, BLOCK_R):
         rows = r0 + offs_r
         r_ok = rows < hi  # the reduction dimension: rows past the end must contribute zero
         a = tl.load(
-            a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks_in[None, :] * stride_ak,
-            mask=r_ok[:, None],
+            a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :] * stride_ak,
+            mask=r_ok[:, None] & k_ok[None, :],
             other=0.0,
         )
         b = tl.load(
-            b_ptr + rows.to(tl.int64)[:, None] * stride_bm + ns_in[None, :] * stride_bn,
-            mask=r_ok[:, None],
+            b_ptr + rows.to(tl.int64)[:, None] * stride_bm + ns[None, :] * stride_bn,
+            mask=r_ok[:, None] & n_ok[None, :],
             other=0.0,
         )
         if FP32_EXACT:
@@ -282,9 +287,7 @@ def _grouped_dw_kernel(
         else:
             acc = tl.dot(tl.trans(a), b, acc)
     c_off = expert.to(tl.int64) * stride_ce + ks[:, None] * stride_ck + ns[None, :] * stride_cn
-    tl.store(
-        c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=(ks < K)[:, None] & (ns < N)[None, :]
-    )
+    tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=k_ok[:, None] & n_ok[None, :])
 
 
 # The autotuner times every config by running the kernel many times on the caller's tensors. With
