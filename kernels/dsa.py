@@ -451,7 +451,8 @@ def topk_indices(
     This is ``torch.topk``: a radix select over each row that reads the ``n_ctx`` scores (4 bytes
     per token, against the indexer's d_I-byte key and MLA's 1,152 bytes). By bytes it should cost
     about a microsecond; on an H100 (Lab 6c, batch 8, k = 2048) it took 87 us at 64K tokens and
-    100 us at 128K, more than the indexer: a few long rows leave torch.topk's passes latency-bound.
+    100 us at 128K, more than the indexer (likely latency: 8 long rows give its passes little to
+    spread over 132 SMs; unprofiled).
     A top-k fused into the indexer (a per-row threshold kept on chip, no scores written) is the
     fix this module leaves open."""
     _validate.tensor("scores", scores, dtypes=(torch.float32,), ndim=3)
