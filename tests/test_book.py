@@ -911,3 +911,45 @@ def test_rules_catch_unnumbered_pages():
     problems = check_page_numbers(bad)
     assert len(problems) == 4, problems
     assert any("not numbered" in p for p in problems) and any("Lab Nx" in p for p in problems)
+
+
+GLUED_PNG = "application/papermill.record/image/png"
+
+
+def _text(v) -> str:
+    return "".join(v) if isinstance(v, list) else v
+
+
+def unmatched_glued_figures(nb: dict) -> list[str]:
+    """Glued figures whose cell also shows a figure with different bytes. MyST-NB writes the image
+    file of a cross-page {glue} from the cell's shown output: when a second render of the figure
+    (plt.show() after glue) differs by a byte, the page that glues it gets a missing image. Glue
+    a figure after its last change, so that both renders agree."""
+    bad = []
+    for c in _code_cells(nb):
+        outs = c.get("outputs", [])
+        shown = {_text(o["data"]["image/png"]) for o in outs if "image/png" in o.get("data", {})}
+        for o in outs:
+            if (
+                GLUED_PNG in o.get("data", {})
+                and shown
+                and _text(o["data"][GLUED_PNG]) not in shown
+            ):
+                bad.append(o["metadata"]["scrapbook"]["name"])
+    return bad
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=_rel)
+def test_glued_figures_match_what_their_cell_shows(path):
+    assert not (bad := unmatched_glued_figures(_load(path))), bad
+
+
+def test_unmatched_glued_figure_is_caught():
+    png = base64.b64encode(b"a").decode()
+    glued = {"output_type": "display_data", "data": {GLUED_PNG: png},
+             "metadata": {"scrapbook": {"name": "fig"}}}  # fmt: skip
+    shown = {"output_type": "display_data", "data": {"image/png": base64.b64encode(b"b").decode()}}
+    nb = {"cells": [{"cell_type": "code", "source": "", "outputs": [glued, shown]}]}
+    assert unmatched_glued_figures(nb) == ["fig"]
+    shown["data"]["image/png"] = png
+    assert unmatched_glued_figures(nb) == []
