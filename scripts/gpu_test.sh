@@ -8,6 +8,11 @@
 #   PYTHON=python3 scripts/gpu_test.sh [pytest arguments: test paths replace tests/, options add]
 #   SANITIZE_SKIP="sgemm_ladder" skips steps of sanitize_all.py (a quick run; not for the record);
 #   SANITIZE_ONLY="moe_fwd_bwd" runs only the named steps
+#   GPU_TEST_STAGES="pytest" (or "sanitize") runs one stage: on an H100 the suite takes about 19
+#   minutes in one process and the sanitizer about 8, too long together for a 10-minute job
+#   GPU_TEST_WORKERS=8 (the default where pytest-xdist is installed; 1 turns it off) runs the suite
+#   in that many processes sharing the GPU, each test file in one process; it then takes about 9
+#   minutes on an H100. No test asserts a timing, so sharing the GPU changes no outcome.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
@@ -21,7 +26,11 @@ if ! slug=$($PYTHON -c "from kernels import device; assert device.GPU_MODE; prin
     exit 2
 fi
 mkdir -p results/gpu-test
-log="results/gpu-test/$(date -u +%F)-$slug.log"
+stages=${GPU_TEST_STAGES:-pytest sanitize}
+suffix=""
+[[ $stages == *pytest* && $stages != *sanitize* ]] && suffix="-pytest"
+[[ $stages == *sanitize* && $stages != *pytest* ]] && suffix="-sanitize"
+log="results/gpu-test/$(date -u +%F)-$slug$suffix.log"
 # GPU_TEST_KEEP=DIR keeps pytest's and the sanitizer's whole output there (a run cut short by a
 # time limit then still leaves what it printed).
 if [[ -n ${GPU_TEST_KEEP:-} ]]; then
@@ -34,33 +43,50 @@ paths=()
 for a in "$@"; do [[ $a == tests* || $a == *.py* ]] && paths+=("$a"); done
 [[ ${#paths[@]} -gt 0 ]] || set -- tests "$@"
 
+pytest_rc=0 san_rc=0
+: >"$work/pytest.txt"
+: >"$work/sanitize.txt"
 t0=$(date +%s)
-# One line per test (-v), so a run cut short still says how far it got; with pytest-timeout
-# installed, a test that hangs fails after GPU_TEST_TIMEOUT seconds instead of stalling the run.
-timeout_opt=()
-$PYTHON -c "import pytest_timeout" 2>/dev/null && timeout_opt=(--timeout "${GPU_TEST_TIMEOUT:-300}")
-$PYTHON -m pytest -m "not browser" -v -p no:cacheprovider -rfE --durations=12 "${timeout_opt[@]}" \
-    --junitxml="$work/junit.xml" "$@" >"$work/pytest.txt" 2>&1
-pytest_rc=$?
+if [[ $stages == *pytest* ]]; then
+    # One line per test (-v), so a run cut short still says how far it got; with pytest-timeout
+    # installed, a test that hangs fails after GPU_TEST_TIMEOUT seconds instead of stalling the run.
+    opts=()
+    $PYTHON -c "import pytest_timeout" 2>/dev/null && opts+=(--timeout "${GPU_TEST_TIMEOUT:-300}")
+    workers=${GPU_TEST_WORKERS:-8}
+    $PYTHON -c "import xdist" 2>/dev/null && [[ $workers -gt 1 ]] && opts+=(-n "$workers" --dist loadfile)
+    $PYTHON -m pytest -m "not browser" -v -p no:cacheprovider -rfE --durations=12 "${opts[@]}" \
+        --junitxml="$work/junit.xml" "$@" >"$work/pytest.txt" 2>&1
+    pytest_rc=$?
+fi
 t1=$(date +%s)
-# One cudaMalloc per tensor: PyTorch's caching allocator would hide an overrun inside its pools.
-PYTORCH_NO_CUDA_MEMORY_CACHING=1 $SANITIZER --tool memcheck --error-exitcode 3 \
-    $PYTHON scripts/gpu/sanitize_all.py >"$work/sanitize.txt" 2>&1
-san_rc=$?
+if [[ $stages == *sanitize* ]]; then
+    # One cudaMalloc per tensor: PyTorch's caching allocator would hide an overrun in its pools.
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 $SANITIZER --tool memcheck --error-exitcode 3 \
+        $PYTHON scripts/gpu/sanitize_all.py >"$work/sanitize.txt" 2>&1
+    san_rc=$?
+fi
 t2=$(date +%s)
 
 {
     echo "# make gpu-test, $(date -u '+%F %H:%M') UTC, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
     $PYTHON -c "from kernels import device; print(device.describe())"
     echo
-    echo "## pytest (exit $pytest_rc, $((t1 - t0)) s)"
-    tail -n 1 "$work/pytest.txt"
-    grep -E '^(FAILED|ERROR) ' "$work/pytest.txt" | cut -c1-240 | head -n 40
-    sed -n '/slowest .* durations/,/^$/p' "$work/pytest.txt" | grep -E '^[0-9.]+s ' | head -n 12
+    if [[ $stages == *pytest* ]]; then
+        echo "## pytest (exit $pytest_rc, $((t1 - t0)) s)"
+        tail -n 1 "$work/pytest.txt"
+        grep -E '^(FAILED|ERROR) ' "$work/pytest.txt" | cut -c1-240 | head -n 40
+        sed -n '/slowest .* durations/,/^$/p' "$work/pytest.txt" | grep -E '^[0-9.]+s ' | head -n 12
+    else
+        echo "## pytest: not run (GPU_TEST_STAGES=$stages)"
+    fi
     echo
-    echo "## compute-sanitizer --tool memcheck scripts/gpu/sanitize_all.py (exit $san_rc, $((t2 - t1)) s)"
-    grep -E '^(ok|FAIL) |^sanitize_all:|ERROR SUMMARY' "$work/sanitize.txt" | cut -c1-240
-    grep -E '^=+ (Invalid|Address|Program hit|Saved host backtrace)' "$work/sanitize.txt" | sort | uniq -c | head -n 20
+    if [[ $stages == *sanitize* ]]; then
+        echo "## compute-sanitizer --tool memcheck scripts/gpu/sanitize_all.py (exit $san_rc, $((t2 - t1)) s)"
+        grep -E '^(ok|FAIL) |^sanitize_all:|ERROR SUMMARY' "$work/sanitize.txt" | cut -c1-240
+        grep -E '^=+ (Invalid|Address|Program hit|Saved host backtrace)' "$work/sanitize.txt" | sort | uniq -c | head -n 20
+    else
+        echo "## compute-sanitizer: not run (GPU_TEST_STAGES=$stages)"
+    fi
 } >"$log"
 cat "$log"
 echo "gpu-test: log written to $log"
