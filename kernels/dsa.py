@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, mla, roofline, sdpa
+from kernels import _validate, bench, device, mla, paged_attention, roofline, sdpa
 from kernels.launch import next_power_of_2
 from kernels.mla import _attend_tile, _store_partial
 
@@ -407,7 +407,9 @@ def lightning_indexer(
             )
         n_used = (positions.long().amax(1) + page) // page  # blocks up to the last position
         cols = torch.arange(block_table.shape[1], device=block_table.device)
-        mla.check_block_ids(block_table, cols[None, :] < n_used[:, None], num_blocks)
+        paged_attention.check_block_ids(
+            block_table, cols[None, :] < n_used[:, None], num_blocks, pool="k_idx_cache"
+        )
 
     out = torch.empty(n_seqs, n_queries, n_ctx, device=q_idx.device, dtype=torch.float32)
     if out.numel() == 0:
@@ -531,7 +533,7 @@ def sparse_mla(
         ok = flat >= 0
         rows = torch.arange(n_seqs, device=flat.device)[:, None].expand_as(flat)
         used[rows[ok], flat[ok] // page] = True
-        mla.check_block_ids(block_table, used, kv_cache.shape[0])
+        paged_attention.check_block_ids(block_table, used, kv_cache.shape[0], pool="kv_cache")
 
     n_rows = n_seqs * n_queries
     out = torch.empty(n_seqs, n_queries, n_heads, r, device=q_latent.device, dtype=q_latent.dtype)

@@ -423,36 +423,6 @@ def check_latent_inputs(q_latent, q_rope, kv_cache, block_table, n_queries: int)
     return r, d_rope, page
 
 
-def check_block_ids(block_table, used: torch.Tensor, num_blocks: int) -> None:
-    """Every block id the kernel will read (``used``: a boolean mask over the table) lies in the
-    pool ``[0, num_blocks)``. Entries a sequence never reads may hold anything."""
-    ids = block_table[used]
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
-        bad = ids[(ids < 0) | (ids >= num_blocks)][0].item()
-        raise ValueError(
-            f"block_table holds block id {bad}, outside the pool of {num_blocks} blocks "
-            f"(kv_cache.shape[0])"
-        )
-
-
-def _check_values(block_table, seq_lens, num_blocks: int, page: int) -> None:
-    """The checks that read values (debug mode on a GPU; always on the CPU)."""
-    if seq_lens.numel() == 0:
-        return
-    capacity = block_table.shape[1] * page
-    lo, hi = int(seq_lens.min()), int(seq_lens.max())
-    if lo < 0:
-        raise ValueError(f"seq_lens must be >= 0, got {lo}")
-    if hi > capacity:
-        raise ValueError(
-            f"seq_lens must be at most the block table's capacity (max_blocks {block_table.shape[1]}"
-            f" x block_size {page} = {capacity} tokens), got {hi}"
-        )
-    n_used = (seq_lens.long() + page - 1) // page
-    cols = torch.arange(block_table.shape[1], device=block_table.device)
-    check_block_ids(block_table, cols[None, :] < n_used[:, None], num_blocks)
-
-
 def launch_attention(kernel, grid_rows: int, n_heads: int, splits: int, config, args, **meta):
     """Launch an autotuned MLA attention kernel (or, with ``config``, its plain jit function at
     one tile) over the grid (rows x head blocks, splits)."""
@@ -534,7 +504,9 @@ def mla_decode(
     check_config(config)
     scale = _validate.sm_scale(sm_scale, r + d_rope)
     if _validate.check_values(block_table, seq_lens):
-        _check_values(block_table, seq_lens, kv_cache.shape[0], page)
+        paged_attention.check_lengths_and_blocks(
+            block_table, seq_lens, kv_cache.shape[0], page, pool="kv_cache"
+        )
 
     n_heads = q_latent.shape[1]
     out = torch.empty(n_seqs, n_heads, r, device=q_latent.device, dtype=q_latent.dtype)

@@ -301,13 +301,31 @@ def _check(q, k_cache, v_cache, block_table, seq_lens, sm_scale, num_splits):
     if k_cache.shape[0] >= 2**31:
         raise ValueError(f"the pool must hold fewer than 2**31 blocks, got {k_cache.shape[0]}")
     if _validate.check_values(block_table, seq_lens):
-        _check_values(block_table, seq_lens, k_cache.shape[0], page)
+        check_lengths_and_blocks(block_table, seq_lens, k_cache.shape[0], page)
     return _validate.sm_scale(sm_scale, d)
 
 
-def _check_values(block_table, seq_lens, num_blocks: int, page: int) -> None:
+def check_block_ids(
+    block_table, used: torch.Tensor, num_blocks: int, pool: str = "k_cache"
+) -> None:
+    """Every block id the kernel will read (``used``: a boolean mask over the table) lies in the
+    pool ``[0, num_blocks)`` (``pool`` names the cache tensor in the message). Entries a sequence
+    never reads may hold anything."""
+    ids = block_table[used]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+        bad = ids[(ids < 0) | (ids >= num_blocks)][0].item()
+        raise ValueError(
+            f"block_table holds block id {bad}, outside the pool of {num_blocks} blocks "
+            f"({pool}.shape[0])"
+        )
+
+
+def check_lengths_and_blocks(
+    block_table, seq_lens, num_blocks: int, page: int, pool: str = "k_cache"
+) -> None:
     """The checks that read values (debug mode on a GPU; always on the CPU): every length within
-    the block table's capacity and every block id a sequence reads inside the pool."""
+    the block table's capacity and every block id a sequence reads inside the pool. Shared by every
+    paged kernel (paged_decode, mla_decode)."""
     if seq_lens.numel() == 0:
         return
     capacity = block_table.shape[1] * page
@@ -322,13 +340,7 @@ def _check_values(block_table, seq_lens, num_blocks: int, page: int) -> None:
     # Only the entries a sequence reads: the first ceil(seq_len / block_size) of its row.
     n_used = (seq_lens.long() + page - 1) // page
     cols = torch.arange(block_table.shape[1], device=block_table.device)
-    ids = block_table[cols[None, :] < n_used[:, None]]
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
-        bad = ids[(ids < 0) | (ids >= num_blocks)][0].item()
-        raise ValueError(
-            f"block_table holds block id {bad}, outside the pool of {num_blocks} blocks "
-            f"(k_cache.shape[0])"
-        )
+    check_block_ids(block_table, cols[None, :] < n_used[:, None], num_blocks, pool)
 
 
 def paged_decode(
