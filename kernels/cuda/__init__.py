@@ -317,15 +317,29 @@ def hgemm_source() -> str:
     return _read(HGEMM_SOURCES)
 
 
+# Preprocessor defines for an A/B experiment, e.g. "HGEMM12_CLUSTER_RELEASE=0" (space-separated):
+# the extension is then built under its own name, so torch's cache keeps the default build too.
+HGEMM_DEFINES_ENV = "GPU_BRRR_HGEMM_DEFINES"
+
+
+def hgemm_extension_name() -> str:
+    """The name torch's extension cache keeps the Hopper rungs under (one per set of defines)."""
+    defines = os.environ.get(HGEMM_DEFINES_ENV, "").split()
+    if not defines:
+        return "gpu_brrr_hgemm"
+    return "gpu_brrr_hgemm_" + "_".join(re.sub(r"\W", "", d).lower() for d in defines)
+
+
 @functools.cache
 def _hgemm_module():
+    defines = os.environ.get(HGEMM_DEFINES_ENV, "").split()
     return _load(
         hgemm_unavailable_reason(),
-        "gpu_brrr_hgemm",
+        hgemm_extension_name(),
         [*HGEMM_SOURCES, "hgemm_bindings.cu"],
         "hgemm",
         "torch::Tensor hgemm(torch::Tensor a, torch::Tensor bt, int64_t step);",
-        lambda: HGEMM_ARCH_FLAGS,
+        lambda: (*HGEMM_ARCH_FLAGS, *(f"-D{d}" for d in defines)),
     )
 
 

@@ -132,11 +132,22 @@ __device__ __forceinline__ void cluster_sync() {
 // reads it orders are already complete (wgmma_wait), and CUTLASS's cluster barrier uses the default
 // semantics (mbarrier.arrive.shared::cluster.b64 _, [remote]). If step 12 issues MMAs slower per SM
 // than step 11 (ncu tensor-pipe %, or time per tile), time it without ".release.cluster" first.
+// HGEMM12_CLUSTER_RELEASE=0 (the A/B of scripts/gpu/hgemm_probe.py --define) builds the arrive
+// and the matching wait with the default semantics, as CUTLASS's cluster barrier does.
+#ifndef HGEMM12_CLUSTER_RELEASE
+#define HGEMM12_CLUSTER_RELEASE 1
+#endif
+#if HGEMM12_CLUSTER_RELEASE
+#define HGEMM12_ARRIVE "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"
+#define HGEMM12_TRY_WAIT "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+#else
+#define HGEMM12_ARRIVE "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
+#define HGEMM12_TRY_WAIT "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+#endif
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "mapa.shared::cluster.u32 remote, %0, %1;\n" HGEMM12_ARRIVE ::"r"(bar),
       "r"(cta)
       : "memory");
 }
@@ -146,7 +157,7 @@ __device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity)
   do {
     asm volatile(
         "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        HGEMM12_TRY_WAIT
         "selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(bar), "r"(parity)

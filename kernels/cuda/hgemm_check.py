@@ -182,9 +182,12 @@ class CompiledStep:
         return [w for w in ("serialized", "C7508") if w in self.log]
 
 
-def compile_step(step: int, workdir: str | Path, *, sass: bool = True) -> CompiledStep:
+def compile_step(
+    step: int, workdir: str | Path, *, sass: bool = True, defines: tuple[str, ...] = ()
+) -> CompiledStep:
     """Compile ``hgemm_common.cuh`` + one step's file for sm_90a with ``-Xptxas -v``, keeping the PTX
-    (and disassembling the object when ``sass`` and a cuobjdump is found). Needs nvcc, no GPU."""
+    (and disassembling the object when ``sass`` and a cuobjdump is found). ``defines`` ("NAME=1")
+    are passed as -D flags (the probe's A/B builds). Needs nvcc, no GPU."""
     nvcc = find_tool("nvcc")
     if nvcc is None:
         raise RuntimeError(compile_unavailable_reason())
@@ -202,6 +205,7 @@ def compile_step(step: int, workdir: str | Path, *, sass: bool = True) -> Compil
     t0 = time.perf_counter()
     proc = subprocess.run(
         [nvcc, "-std=c++17", "-O3", *ladder.HGEMM_ARCH_FLAGS, *TORCH_DEFINES, "-Xptxas", "-v"]
+        + [f"-D{d}" for d in defines]
         + ["-keep", "-keep-dir", str(work), "-c", str(src), "-o", str(obj)],
         capture_output=True,
         text=True,

@@ -24,6 +24,11 @@ hangs the GPU instead of failing), and only steps that passed are timed.
    kept;
 6. ``--tests``: the GPU tests of tests/test_hgemm.py.
 
+``--define HGEMM12_CLUSTER_RELEASE=0`` runs all of it on a build with that define: step 12's
+cluster-scope release/acquire on its empty barriers (MEMBAR.ALL.GPU in every k-step of its SASS)
+replaced by CUTLASS's default semantics; ``--steps 11 12 --define ...`` puts it beside step 11 and
+cuBLAS in the same run.
+
 The checks, the child processes and the instruction lists live in kernels/cuda/hgemm_check.py, which
 notebooks/04f-hopper-gemm.ipynb uses too.
 
@@ -54,7 +59,7 @@ def sass_report() -> dict:
     """HGMMA / UTMALDG / ... counts per kernel in the built extension's SASS."""
     from torch.utils.cpp_extension import _get_build_directory
 
-    so = next(Path(_get_build_directory("gpu_brrr_hgemm", False)).glob("*.so"), None)
+    so = next(Path(_get_build_directory(ladder.hgemm_extension_name(), False)).glob("*.so"), None)
     if so is None or check.find_tool("cuobjdump") is None:
         return {"error": f"no .so ({so}) or no cuobjdump"}
     report = {}
@@ -73,7 +78,13 @@ def main() -> int:
     p.add_argument("--sanitize", action="store_true", help="also run each check under memcheck")
     p.add_argument("--ncu", action="store_true", help="Nsight Compute sections per passing step")
     p.add_argument("--tests", action="store_true", help="run the GPU tests of test_hgemm.py")
+    p.add_argument("--define", nargs="+", default=[], metavar="NAME=VALUE",
+                   help="build every step with these preprocessor defines (an A/B experiment, e.g. "
+                        "HGEMM12_CLUSTER_RELEASE=0); the checks' child processes inherit them")  # fmt: skip
     args = p.parse_args()
+    if args.define:
+        os.environ[ladder.HGEMM_DEFINES_ENV] = " ".join(args.define)
+        print(f"defines: {args.define} (extension {ladder.hgemm_extension_name()})", flush=True)
     reason = ladder.hgemm_unavailable_reason()
     if reason:
         print(reason)
