@@ -484,12 +484,14 @@ from kernels import launch
 from kernels.moe import grouped
 cases = [
     (grouped._mm_spec("bf16", False, False), ("stride_xk", "stride_wn", "stride_w2n", "stride_yn")),
+    (grouped._mm_spec("bf16", True, True), ("stride_xk", "stride_wn", "stride_w2n", "stride_yn")),
     (grouped._dw_spec("bf16"), ("stride_ak", "stride_bn", "stride_cn")),
 ]
 out = {}
 for spec, unit in cases:
     ptx = launch.ptx_as_launched(spec, unit)
-    out[spec["kernel"].fn.__name__] = {
+    swiglu = "+swiglu" if spec["constexprs"].get("SWIGLU") else ""
+    out[spec["kernel"].fn.__name__ + swiglu] = {
         "b16_loads": ptx.count("ld.global.b16"), "cp_async": ptx.count("cp.async.cg.shared.global")
     }
 print(json.dumps(out))
