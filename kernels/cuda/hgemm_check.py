@@ -107,6 +107,15 @@ def step_file(step: int) -> str:
     return next(f for f in ladder.HGEMM_SOURCES if f.startswith(f"hgemm_{step:02d}_"))
 
 
+def step_source(step: int) -> str:
+    """What nvcc compiles for one step on its own: ``hgemm_common.cuh``, then the step's file."""
+    return (
+        (ladder.HERE / "hgemm_common.cuh").read_text()
+        + "\n"
+        + (ladder.HERE / step_file(step)).read_text()
+    )
+
+
 _USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?")
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
@@ -196,11 +205,7 @@ def compile_step(
     work = Path(workdir) / f"step{step}"
     work.mkdir(parents=True, exist_ok=True)
     src = work / f"hgemm_{step}.cu"
-    src.write_text(
-        (ladder.HERE / "hgemm_common.cuh").read_text()
-        + "\n"
-        + (ladder.HERE / step_file(step)).read_text()
-    )
+    src.write_text(step_source(step))
     obj = work / f"hgemm_{step}.o"
     t0 = time.perf_counter()
     proc = subprocess.run(
