@@ -70,7 +70,6 @@ EXPECTED_SASS = {
         "UCGABAR_ARV": None,
     },
 }
-_step_file = check.step_file
 
 
 def _kernel_part(step: int) -> str:
@@ -163,11 +162,7 @@ int main() {
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_step12_tile_order_and_staging_layout_on_the_host(tmp_path):
     src = tmp_path / "step12_host.cu"
-    src.write_text(
-        (ladder.HERE / "hgemm_common.cuh").read_text()
-        + (ladder.HERE / _step_file(12)).read_text()
-        + STEP12_HOST_CHECK
-    )
+    src.write_text(check.step_source(12) + STEP12_HOST_CHECK)
     exe = tmp_path / "step12_host"
     # PTX only for the device part (nothing runs on a GPU): the host code is what is tested.
     build = subprocess.run(
@@ -188,13 +183,13 @@ def test_step12_tile_order_and_staging_layout_on_the_host(tmp_path):
 def test_every_step_has_a_source_file_and_a_binding():
     bindings = (ladder.HERE / "hgemm_bindings.cu").read_text()
     for step in ladder.HGEMM_STEPS:
-        assert (ladder.HERE / _step_file(step)).exists()
+        assert (ladder.HERE / check.step_file(step)).exists()
         assert f"case {step}: info = hgemm_{step:02d}(" in bindings
     # the two ladders are separate builds: the SGEMM one never sees sm_90a-only code
     assert not set(ladder.HGEMM_SOURCES) & set(ladder.SOURCES)
     # every step's file is built, in ladder order, after the common header
     assert ladder.HGEMM_SOURCES == ["hgemm_common.cuh"] + [
-        _step_file(s) for s in sorted(ladder.HGEMM_STEPS)
+        check.step_file(s) for s in sorted(ladder.HGEMM_STEPS)
     ]
     assert "step must be 9..12" in bindings
 
@@ -318,26 +313,18 @@ def _check(out: torch.Tensor, ref: torch.Tensor):
     assert out.dtype == bf16 and out.shape == ref.shape
     ratio, rel = check.bound_ratio(out, ref)  # inf when out is not finite
     assert ratio <= 1, f"worst error / bound {ratio:.3g}, bad blocks {check.bad_blocks(out, ref)}"
-    assert rel < 1e-2
+    assert rel < ladder.HGEMM_BENCH_TOLERANCE  # 1e-2
 
 
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("step", sorted(ladder.HGEMM_STEPS))
-@pytest.mark.parametrize(
-    "mnk",
-    [
-        (1, 1, 8),
-        (127, 255, 64),
-        (129, 257, 100),  # K % 8 != 0: the padded path
-        (64, 8, 200),  # K of several tiles, the last partial: ring wrap-around and zero-fill
-        (1000, 1000, 1000),
-        (4000, 3000, 5000),
-        # step 12: 9 x 17 cluster tiles (more than fit at once), KT = 2 < STAGES: the producer
-        # runs a whole tile ahead and the ring's phases cross tile boundaries; N % 8 == 0
-        (2177, 4104, 72),
-    ],
-)
+# The shapes of hgemm_check.CHECK_SHAPES (what the probe's and the notebook's checks run): edge tiles,
+# K % 8 != 0 (129 x 257 x 100: the padded path), K of several tiles with a partial last one (64 x 8
+# x 200: ring wrap-around and zero-fill), and for step 12 9 x 17 cluster tiles (more than fit at
+# once) with KT = 2 < STAGES (2177 x 4104 x 72: the producer runs a whole tile ahead and the ring's
+# phases cross tile boundaries).
+@pytest.mark.parametrize("mnk", check.CHECK_SHAPES)
 def test_hgemm_matches_fp32_reference(step, mnk):
     m, n, k = mnk
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)

@@ -415,12 +415,14 @@ HGEMM_BENCH_TOLERANCE = 1e-2
 def _register_benchmark():
     from kernels import bench
 
+    def skipped(name: str, reason: str) -> list[dict]:
+        print(f"{name} skipped: {reason}")
+        return []
+
     @bench.register("sgemm_ladder")
     def _bench(quick: bool) -> list[dict]:
-        reason = unavailable_reason()
-        if reason:
-            print(f"sgemm_ladder skipped: {reason}")
-            return []
+        if reason := unavailable_reason():
+            return skipped("sgemm_ladder", reason)
         n = 4096
         a = torch.randn(n, n, device="cuda")
         b = torch.randn(n, n, device="cuda")
@@ -448,10 +450,8 @@ def _register_benchmark():
 
     @bench.register("hgemm")
     def _bench_hgemm(quick: bool) -> list[dict]:
-        reason = hgemm_unavailable_reason()
-        if reason:
-            print(f"hgemm skipped: {reason}")
-            return []
+        if reason := hgemm_unavailable_reason():
+            return skipped("hgemm", reason)
         from kernels.cuda import hgemm_check  # imports this package: not at the top
 
         # The same loop as scripts/gpu/hgemm_probe.py: cuBLAS and the peak in the same run, each

@@ -107,6 +107,15 @@ def step_file(step: int) -> str:
     return next(f for f in ladder.HGEMM_SOURCES if f.startswith(f"hgemm_{step:02d}_"))
 
 
+def step_source(step: int) -> str:
+    """What nvcc compiles for one step on its own: ``hgemm_common.cuh``, then the step's file."""
+    return (
+        (ladder.HERE / "hgemm_common.cuh").read_text()
+        + "\n"
+        + (ladder.HERE / step_file(step)).read_text()
+    )
+
+
 _USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?")
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
@@ -196,11 +205,7 @@ def compile_step(
     work = Path(workdir) / f"step{step}"
     work.mkdir(parents=True, exist_ok=True)
     src = work / f"hgemm_{step}.cu"
-    src.write_text(
-        (ladder.HERE / "hgemm_common.cuh").read_text()
-        + "\n"
-        + (ladder.HERE / step_file(step)).read_text()
-    )
+    src.write_text(step_source(step))
     obj = work / f"hgemm_{step}.o"
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -382,9 +387,17 @@ def time_steps(
     return {"peak": peak.value, "rows": rows, "records": records}
 
 
-def _child_env() -> dict[str, str]:
+def _run_from_root(cmd: list[str], timeout: float) -> subprocess.CompletedProcess | None:
+    """``cmd`` from the repository root with it first on PYTHONPATH (so the child imports this
+    checkout's ``kernels``), output captured; None when it ran past ``timeout``."""
     path = os.environ.get("PYTHONPATH", "")
-    return dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + path if path else ""))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + path if path else ""))
+    try:
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _run_child(args: list[str], timeout: float, prefix: list[str] | None = None) -> dict:
@@ -392,11 +405,8 @@ def _run_child(args: list[str], timeout: float, prefix: list[str] | None = None)
     crash or a non-zero exit becomes {"ok": False, "error": ...}."""
     cmd = [*(prefix or []), sys.executable, "-m", "kernels.cuda.hgemm_check", *args]
     t0 = time.time()
-    try:
-        p = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_child_env()
-        )
-    except subprocess.TimeoutExpired:
+    p = _run_from_root(cmd, timeout)
+    if p is None:
         return {"ok": False, "error": f"timed out after {timeout:.0f} s (a barrier deadlock?)"}
     last = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     res = json.loads(last[-1]) if last else {"ok": False}
@@ -495,11 +505,8 @@ def run_ncu(step: int, timeout: float = 600, out: Path | None = None) -> dict:
     cmd = [tool, "--kernel-name", "regex:hgemm_", "--launch-count", "1", *sections, *metrics,
            "--csv", "--page", "details", sys.executable, "-m", "kernels.cuda.hgemm_check",
            "--ncu-target", str(step)]  # fmt: skip
-    try:
-        p = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_child_env()
-        )
-    except subprocess.TimeoutExpired:
+    p = _run_from_root(cmd, timeout)
+    if p is None:
         return {"error": f"ncu timed out after {timeout:.0f} s"}
     if out:
         out.mkdir(parents=True, exist_ok=True)
