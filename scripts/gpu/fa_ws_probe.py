@@ -160,8 +160,8 @@ def main() -> None:
     args = parser.parse_args()
     print(device.describe())
     os.environ[ws.UNSAFE_ENV] = "1"  # the probe is what checks the pass the launcher refuses
-    cc = device.capabilities().compute_capability
-    if not device.GPU_MODE or cc is None or cc[0] != 9:
+    if not ws.on_hopper():
+        cc = device.capabilities().compute_capability
         raise SystemExit(f"this probe needs a Hopper GPU (compute capability 9.x), got {cc}")
     evidence()
     correctness()
