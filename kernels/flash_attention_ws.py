@@ -88,12 +88,7 @@ def _configs():
 def _prune(configs, nargs, **kwargs):
     """Drop tiles whose q tile, o tile and num_stages K/V pairs overflow shared memory."""
     d = kwargs["HEAD_DIM"]
-    limit = fa._smem_limit()
-    fits = [
-        c
-        for c in configs
-        if 2 * d * (2 * c.kwargs["BLOCK_M"] + c.num_stages * 2 * c.kwargs["BLOCK_N"]) <= limit
-    ]
+    fits = [c for c in configs if fa._fits_smem(c, "BLOCK_M", "BLOCK_N", 2, d)]
     return fits or configs[-1:]
 
 
