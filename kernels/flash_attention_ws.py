@@ -304,9 +304,7 @@ def compile_spec(
             "v_ptr": ptr,
             "o_ptr": ptr,
             "lse_ptr": "*fp32",
-            "sm_scale": "fp32",
-            "N_Q": "i32",
-            "N_KV": "i32",
+            **fa._SIZES,
         },  # fmt: skip
         constexprs={
             "HEAD_DIM": head_dim,
