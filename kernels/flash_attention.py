@@ -103,20 +103,24 @@ def _tile(config: triton.Config, resident: str, streamed: str) -> tuple[int, int
     return kw[resident], kw[streamed], config.num_warps, config.num_stages
 
 
+def _fits_smem(
+    config: triton.Config, resident: str, streamed: str, n_resident: int, d: int
+) -> bool:
+    """Whether a tile fits this GPU's shared memory, an estimate: ``n_resident`` 16-bit resident
+    tiles plus num_stages pairs (K and V) of streamed ones, each ``d`` wide."""
+    r, st, _, stages = _tile(config, resident, streamed)
+    return 2 * d * (n_resident * r + stages * 2 * st) <= _smem_limit()
+
+
 def _pruner(resident: str, streamed: str, tuned: list, small: list, n_resident: int):
     """An ``early_config_prune`` for the autotuner: drop tiles that overflow shared memory
-    (``n_resident`` 16-bit resident tiles plus num_stages pairs of streamed ones, an estimate), then
-    keep the TUNED candidates for large problems or the first fitting SMALL one for small ones."""
+    (``_fits_smem``), then keep the TUNED candidates for large problems or the first fitting SMALL
+    one for small ones."""
 
     def prune(configs, nargs, **kwargs):
         d = kwargs["HEAD_DIM"]
-        limit = _smem_limit()
-
-        def fits(c):
-            r, st, _, stages = _tile(c, resident, streamed)
-            return 2 * d * (n_resident * r + stages * 2 * st) <= limit
-
-        by_shape = {_tile(c, resident, streamed): c for c in configs if fits(c)}
+        fits = (c for c in configs if _fits_smem(c, resident, streamed, n_resident, d))
+        by_shape = {_tile(c, resident, streamed): c for c in fits}
         q = nargs["q_ptr"]
         work = q.shape[0] * q.shape[1] * nargs["N_Q"] * nargs["N_KV"]
         if work >= _TUNE_MIN_WORK:

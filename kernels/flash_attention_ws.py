@@ -88,12 +88,7 @@ def _configs():
 def _prune(configs, nargs, **kwargs):
     """Drop tiles whose q tile, o tile and num_stages K/V pairs overflow shared memory."""
     d = kwargs["HEAD_DIM"]
-    limit = fa._smem_limit()
-    fits = [
-        c
-        for c in configs
-        if 2 * d * (2 * c.kwargs["BLOCK_M"] + c.num_stages * 2 * c.kwargs["BLOCK_N"]) <= limit
-    ]
+    fits = [c for c in configs if fa._fits_smem(c, "BLOCK_M", "BLOCK_N", 2, d)]
     return fits or configs[-1:]
 
 
@@ -191,16 +186,25 @@ def _torch_scratch(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, device=device.DEVICE, dtype=torch.int8)
 
 
+def on_hopper() -> bool:
+    """Whether this machine has the GPU the kernel is written for: an NVIDIA Hopper (compute
+    capability 9.x, with TMA; an AMD part that reports 9.x has no TMA)."""
+    if not device.GPU_MODE:
+        return False
+    cap = device.capabilities()
+    return cap.compute_capability is not None and cap.compute_capability[0] == 9 and cap.tma
+
+
 def _check_hopper(q, k, v) -> None:
     """On a GPU: Hopper (sm_90) and 16-byte-aligned tensors, or a clear error. The interpreter
     runs the kernel everywhere (without the specialisation) for the CPU tests."""
     if not device.GPU_MODE:
         return
-    cc = device.capabilities().compute_capability
-    if cc is None or cc[0] != 9 or not device.capabilities().tma:
+    if not on_hopper():
         raise RuntimeError(
             f"attention_ws needs a Hopper GPU (compute capability 9.x: TMA, wgmma, setmaxnreg), "
-            f"got {cc}; use kernels.flash_attention.attention, which runs everywhere"
+            f"got {device.capabilities().compute_capability}; use "
+            f"kernels.flash_attention.attention, which runs everywhere"
         )
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.data_ptr() % 16:
@@ -300,9 +304,7 @@ def compile_spec(
             "v_ptr": ptr,
             "o_ptr": ptr,
             "lse_ptr": "*fp32",
-            "sm_scale": "fp32",
-            "N_Q": "i32",
-            "N_KV": "i32",
+            **fa._SIZES,
         },  # fmt: skip
         constexprs={
             "HEAD_DIM": head_dim,

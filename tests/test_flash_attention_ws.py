@@ -22,7 +22,7 @@ from kernels import flash_attention_ws as ws
 from kernels.numerics import rel_error as _rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
-HOPPER = device.GPU_MODE and (device.capabilities().compute_capability or (0,))[0] == 9
+HOPPER = ws.on_hopper()
 # The interpreter computes bf16 wrongly (a known limitation): bf16 is checked on GPUs only.
 DTYPES = [torch.float16] + ([torch.bfloat16] if HOPPER else [])
 # Relative error (Frobenius norm) against the fp32 reference: the output rounded once to 16 bits

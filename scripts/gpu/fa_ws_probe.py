@@ -37,6 +37,8 @@ SEQS = [1024, 2048, 4096, 8192, 16384]
 CHECK_SEQS = [1000, 4097] + SEQS  # two lengths that are not multiples of any tile
 GOAL, GOAL_MIN_N = 0.9, 4096
 TOL = 3e-2  # bf16 output and bf16 P before P·V, as in tests/test_flash_attention.py
+COURSE_TOL = 1e-2  # relative error against the course's forward on the same inputs
+LSE_TOL = 2e-2  # largest |lse - course's lse| that counts as right
 
 
 def shape_for(n: int) -> tuple[int, int, int, int]:
@@ -74,20 +76,20 @@ def correctness() -> None:
             o_fa, lse_fa = fa.attention_with_lse(q, k, v, causal)
             err_fa = rel_err(o, o_fa)
             lse_diff = (lse - lse_fa).abs().max().item()
-            ok = err_ref < TOL and err_fa < 1e-2 and lse_diff < 2e-2
+            ok = err_ref < TOL and err_fa < COURSE_TOL and lse_diff < LSE_TOL
             print(f"  {'ok  ' if ok else 'FAIL'} N={n:<6} causal={causal!s:<5} vs fp32 {err_ref:.2e}"
                   f"  vs course {err_fa:.2e}  lse max diff {lse_diff:.1e}"
                   f"  tile {ws._attn_fwd_ws_kernel.best_config}", flush=True)  # fmt: skip
-            if lse_diff >= 2e-2:
+            if lse_diff >= LSE_TOL:
                 lse_diagnosis(lse, lse_fa)
-            if err_ref >= TOL or err_fa >= 1e-2:
+            if err_ref >= TOL or err_fa >= COURSE_TOL:
                 raise SystemExit(f"attention_ws wrong at N={n} causal={causal}")
 
 
 def lse_diagnosis(lse: torch.Tensor, lse_fa: torch.Tensor) -> None:
     """Which rows' log-sum-exp came out wrong when the output did not: their share, their position
     inside a 128-row tile, and a few values (a log2/ln slip shows as a constant ratio)."""
-    bad = (lse - lse_fa).abs() > 2e-2
+    bad = (lse - lse_fa).abs() > LSE_TOL
     rows = bad.nonzero()[:, -1]
     print(
         f"    lse wrong in {bad.float().mean().item():.1%} of rows; row % 128 of the wrong ones: "
@@ -99,9 +101,9 @@ def lse_diagnosis(lse: torch.Tensor, lse_fa: torch.Tensor) -> None:
 
 def impls() -> dict:
     out = {
-        "ws": lambda q, k, v, c: ws.attention_ws(q, k, v, c),
-        "ws-off": lambda q, k, v, c: ws._forward_ws(q, k, v, c, D**-0.5, warp_specialize=False)[0],
-        "course": lambda q, k, v, c: fa.attention(q, k, v, c),
+        "ws": ws.attention_ws,
+        "ws-off": functools.partial(ws.attention_ws, warp_specialize=False),
+        "course": fa.attention,
     }
     for b in ("cudnn", "flash"):
         if fa.sdpa_available(b, DTYPE, D):
@@ -141,8 +143,6 @@ def timings(out_path: str | None) -> None:
     print(f"\n  goal (issue 19): ws >= {GOAL}x cuDNN SDPA forward at N >= {GOAL_MIN_N}, d = {D}")
     if "sdpa-cudnn" not in fns:
         print("  cuDNN SDPA does not run here: goal not checked")
-    elif not any(n >= GOAL_MIN_N for n in SEQS):
-        print(f"  no N >= {GOAL_MIN_N} timed: goal not checked")
     elif missed:
         print("  MISSED at " + ", ".join(f"N={n} causal={c} ({r:.3f}x)" for n, c, r in missed))
     else:
@@ -160,8 +160,8 @@ def main() -> None:
     args = parser.parse_args()
     print(device.describe())
     os.environ[ws.UNSAFE_ENV] = "1"  # the probe is what checks the pass the launcher refuses
-    cc = device.capabilities().compute_capability
-    if not device.GPU_MODE or cc is None or cc[0] != 9:
+    if not ws.on_hopper():
+        cc = device.capabilities().compute_capability
         raise SystemExit(f"this probe needs a Hopper GPU (compute capability 9.x), got {cc}")
     evidence()
     correctness()
