@@ -28,7 +28,6 @@ GEMM_CASES = [
     (23, 33, 7, 5, 1, 1),  # top-1; N narrower than a tile
     (2, 16, 16, 12, 3, 0),  # 6 copies for 12 experts: at least 6 empty
 ]
-FP32 = (torch.float32, 1e-5, 1e-5)
 
 
 def _routing(T, E, k, n_empty, seed=0):
