@@ -28,7 +28,6 @@ GEMM_CASES = [
     (23, 33, 7, 5, 1, 1),  # top-1; N narrower than a tile
     (2, 16, 16, 12, 3, 0),  # 6 copies for 12 experts: at least 6 empty
 ]
-FP32 = (torch.float32, 1e-5, 1e-5)
 
 
 def _routing(T, E, k, n_empty, seed=0):
@@ -159,8 +158,9 @@ def test_grouped_matmul_strided_and_fp16_inputs():
     xh, wh = x_sorted.half(), (w * 0.2).half()
     y = moe.grouped_matmul(xh, wh, offsets)
     assert y.dtype == torch.float16
+    # fp32 accumulation, one rounding to fp16 (half an ulp: 2^-11 = 4.9e-4 relative)
     torch.testing.assert_close(
-        y.float(), moe.grouped_matmul_ref(xh, wh, offsets), rtol=1e-2, atol=1e-2
+        y.float(), moe.grouped_matmul_ref(xh, wh, offsets), rtol=1e-3, atol=1e-3
     )
 
 

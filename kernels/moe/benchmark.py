@@ -25,11 +25,14 @@ from kernels.moe import grouped, layer, routing, workloads
 SKEWS = {"uniform": dict(zipf=0.0, n_empty=0), "skewed": dict(zipf=0.5, n_empty=1 / 32)}
 
 
-def _routing(T: int, E: int, k: int, skew: str, dev):
+def _skew(E: int, skew: str) -> dict:
+    """The ``zipf`` and ``n_empty`` keywords of ``SKEWS[skew]`` for ``E`` experts."""
     s = SKEWS[skew]
-    return workloads.skewed_routing(
-        T, E, k, zipf=s["zipf"], n_empty=int(E * s["n_empty"]), seed=0, device=dev
-    )
+    return dict(zipf=s["zipf"], n_empty=int(E * s["n_empty"]))
+
+
+def _routing(T: int, E: int, k: int, skew: str, dev):
+    return workloads.skewed_routing(T, E, k, **_skew(E, skew), seed=0, device=dev)
 
 
 def _grouped_records(T, E, K, N, k, skew, dtype, peak) -> list[dict]:
@@ -72,8 +75,7 @@ def _layer_records(T, E, D, F, k, skew, dtype, peak, backward: bool) -> list[dic
         return torch.randn(*shape, generator=g, device=dev, dtype=dtype) * scale
 
     x = rand(T, D, scale=1.0)
-    s = SKEWS[skew]
-    bias = workloads.skewed_bias(E, zipf=s["zipf"], n_empty=int(E * s["n_empty"])).to(dev)
+    bias = workloads.skewed_bias(E, **_skew(E, skew)).to(dev)
     params = [
         rand(E, D, scale=D**-0.5),
         rand(E, D, F, scale=D**-0.5),
@@ -148,7 +150,8 @@ def _bench_moe(quick: bool) -> list[dict]:
     for skew in skews:
         for T in tokens:
             recs += _grouped_records(T, E, D, F, k, skew, dtype, peak)
-            torch.cuda.empty_cache() if device.GPU_MODE else None
+            if device.GPU_MODE:
+                torch.cuda.empty_cache()
         T = tokens[0]
         recs += _layer_records(T, E, D, F, k, skew, dtype, peak, backward=False)
         recs += _layer_records(T, E, D, F, k, skew, dtype, peak, backward=True)

@@ -50,7 +50,11 @@ class Dispatched:
     recv_splits: list[int]  # rows received from each rank
     handle: Permutation  # the local permute of this rank's tokens
     weights: torch.Tensor  # fp32 [T, top_k] routing weights of this rank's tokens
-    n_rows: int  # T * top_k
+
+    @property
+    def n_rows(self) -> int:
+        """T * top_k: the rows this rank sent, and gets back."""
+        return self.handle.n_rows
 
 
 def dispatch(
@@ -73,9 +77,7 @@ def dispatch(
     recv_splits = recv_counts.sum(1).tolist()
     recv = x.new_empty(sum(recv_splits), x.shape[1])
     dist.all_to_all_single(recv, x_sorted, recv_splits, send_splits, group=group)
-    return Dispatched(
-        recv, recv_counts, send_splits, recv_splits, handle, weights, x_sorted.shape[0]
-    )
+    return Dispatched(recv, recv_counts, send_splits, recv_splits, handle, weights)
 
 
 def run_experts(d: Dispatched, w_gate, w_up, w_down, trans_b: bool = False) -> torch.Tensor:

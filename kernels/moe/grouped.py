@@ -470,7 +470,7 @@ def grouped_swiglu(
     g, u = (new(), new()) if save_preact else (h, h)
     if M and N:
         if K == 0:
-            for t in {id(h): h, id(g): g, id(u): u}.values():
+            for t in (h, g, u):  # (g and u are h without save_preact: zeroed again, harmlessly)
                 t.zero_()
         else:
             _launch_mm(x_sorted, w_gate, w_up, h, g, u, offsets, N, strides, strides2, True,

@@ -41,9 +41,8 @@ _ROWS_CPU, _COLS_CPU = 4, 64  # the interpreter: small blocks, few wasted (maske
 
 
 def _blocks(width: int) -> tuple[int, int]:
-    if device.INTERPRET:
-        return _ROWS_CPU, min(_COLS_CPU, triton.next_power_of_2(max(width, 16)))
-    return _ROWS_GPU, min(_COLS_GPU, triton.next_power_of_2(max(width, 16)))
+    rows, cols = (_ROWS_CPU, _COLS_CPU) if device.INTERPRET else (_ROWS_GPU, _COLS_GPU)
+    return rows, min(cols, triton.next_power_of_2(max(width, 16)))
 
 
 # ----------------------------------------------------------------------------- kernels

@@ -37,7 +37,7 @@ from kernels import moe  # noqa: E402
 from kernels.moe import ep  # noqa: E402
 
 
-def problem(tokens: list[int], d, f, n_experts, dtype, device, seed=5, skew=None):
+def problem(tokens: list[int], d, f, n_experts, dtype, device, seed=5):
     """The full problem every rank builds: all tokens, router, every expert's weights."""
     g = torch.Generator(device=device).manual_seed(seed)
 
@@ -48,10 +48,7 @@ def problem(tokens: list[int], d, f, n_experts, dtype, device, seed=5, skew=None
     router_w = rand(n_experts, d, scale=d**-0.5)
     w_gate, w_up = rand(n_experts, d, f, scale=d**-0.5), rand(n_experts, d, f, scale=d**-0.5)
     w_down = rand(n_experts, f, d, scale=f**-0.5)
-    bias = None
-    if skew:
-        bias = moe.skewed_bias(n_experts, zipf=skew, n_empty=n_experts // 32).to(device)
-    return x, router_w, w_gate, w_up, w_down, bias
+    return x, router_w, w_gate, w_up, w_down
 
 
 def check(w: D.Worker) -> int:
@@ -61,11 +58,11 @@ def check(w: D.Worker) -> int:
         ([5, 7, 3, 6][: w.world] or [5], 24, 20, 2 * w.world, 2, False),
         ([4] * w.world, 16, 12, 2 * w.world, 1, True),
     ]:
-        x, router_w, wg, wu, wd, _ = problem(tokens, d, f, n_experts, torch.float32, w.device)
+        x, router_w, wg, wu, wd = problem(tokens, d, f, n_experts, torch.float32, w.device)
         bias = None
         if empty:  # the last rank's experts are never chosen: it receives nothing
             bias = torch.zeros(n_experts, device=w.device)
-            bias[-(n_experts // w.world) :] = -1e4
+            bias[-(n_experts // w.world) :] = moe.workloads.EMPTY_LOGIT
         with torch.no_grad():
             full = moe.moe_layer(x, router_w, wg, wu, wd, top_k, router_bias=bias)
             lo, hi = ep.expert_bounds(n_experts, w.world)[w.rank]
@@ -87,12 +84,10 @@ def timing(w: D.Worker, a) -> dict:
     n, per = a.experts, a.experts // w.world
     lo, hi = ep.expert_bounds(n, w.world)[w.rank]
     # Build only this rank's experts (the full DeepSeek-V3 layer would not fit one GPU twice).
-    x, router_w, wg, wu, wd, bias = problem([a.tokens], a.hidden, a.width, per, dtype, w.device,
-                                            seed=5 + w.rank, skew=None)  # fmt: skip
+    x, _, wg, wu, wd = problem([a.tokens], a.hidden, a.width, per, dtype, w.device, seed=5 + w.rank)
     g = torch.Generator(device=w.device).manual_seed(9)  # the router: the same on every rank
     router_w = torch.randn(n, a.hidden, generator=g, device=w.device, dtype=dtype) * a.hidden**-0.5
-    if a.skew:
-        bias = moe.skewed_bias(n, zipf=a.skew, n_empty=n // 32).to(w.device)
+    bias = moe.skewed_bias(n, zipf=a.skew, n_empty=n // 32).to(w.device) if a.skew else None
     kw = dict(router_bias=bias)
     with torch.no_grad():
         ids, weights = moe.route(moe.router_logits(x, router_w, bias), a.top_k)
