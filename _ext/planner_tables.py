@@ -47,26 +47,7 @@ def _scaling() -> list[dict]:
 
 
 def scaling_rows() -> list[list[str]]:
-    out = []
-    for r in _scaling():
-        pl = r["plan"]
-        if pl is None:
-            out.append([r["model"], str(r["gpus"]), "nothing fits", "", "", "", ""])
-            continue
-        t, mem = pl.time, pl.memory
-        comm = sum(v for k, v in t.items() if k.startswith("comm_"))
-        out.append(
-            [
-                r["model"],
-                str(r["gpus"]),
-                pl.parallel.label(),
-                pl.recompute,
-                f"{mem['total'] / 1e9:.1f}",
-                f"{pl.step_s:.2f}",
-                f"{t['compute']:.2f} / {comm:.2f} / {t['bubble']:.2f}",
-            ]
-        )
-    return out
+    return planner.scaling_cells(_scaling())
 
 
 class PlannerValidation(SphinxDirective):

@@ -145,8 +145,7 @@ def forward_train(
     """Logits ``[B, T, vocab]`` with autograd on, through the decoder's own ``_layer``;
     ``counter.label`` is set to ``"embed"``, ``"0"`` … ``"L-1"`` and ``"head"`` as the pass goes,
     and ``on_mark(label)`` is called at each (a GPU probe reads the allocator there)."""
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    planner._check_recompute(recompute)
     ctx = model._full_context(tokens)  # the decoder's own, as its forward_full builds it
 
     def mark(label):

@@ -548,10 +548,14 @@ class Plan:
     def step_s(self) -> float:
         return self.time["total"]
 
+    @property
+    def comm_s(self) -> float:
+        """The step's exposed communication: the sum of its ``comm_*`` parts."""
+        return sum(v for k, v in self.time.items() if k.startswith("comm_"))
+
     def summary(self) -> str:
         gb = self.memory["total"] / 1e9
-        t = self.time
-        comm = sum(v for k, v in t.items() if k.startswith("comm_"))
+        t, comm = self.time, self.comm_s
         return (
             f"{self.parallel.label()} recompute={self.recompute}: {gb:.1f} GB/GPU"
             f"{'' if self.fits else ' (does not fit)'}, step {t['total']:.3f} s = compute "
@@ -821,6 +825,31 @@ def scaling_table(
     return rows
 
 
+def scaling_cells(rows: list[dict]) -> list[list[str]]:
+    """``scaling_table`` rows as the cells of a table: model, GPUs, the layout, recompute, GB per
+    GPU, step seconds, compute / comm / bubble seconds ("nothing fits" and blanks where none fits).
+    ``markdown_table`` and the book's ``planner-scaling`` table both print these."""
+    out = []
+    for r in rows:
+        pl = r["plan"]
+        head = [r["model"], str(r["gpus"])]
+        if pl is None:
+            out.append([*head, "nothing fits", "", "", "", ""])
+            continue
+        t = pl.time
+        out.append(
+            [
+                *head,
+                pl.parallel.label(),
+                pl.recompute,
+                f"{pl.memory['total'] / 1e9:.1f}",
+                f"{pl.step_s:.2f}",
+                f"{t['compute']:.2f} / {pl.comm_s:.2f} / {t['bubble']:.2f}",
+            ]
+        )
+    return out
+
+
 def markdown_table(rows: list[dict]) -> str:
     """``scaling_table`` rows as a Markdown table (for a glued chapter table)."""
     lines = [
@@ -828,16 +857,6 @@ def markdown_table(rows: list[dict]) -> str:
         " compute / comm / bubble (s) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        pl = r["plan"]
-        if pl is None:
-            lines.append(f"| {r['model']} | {r['gpus']} | nothing fits | | | | |")
-            continue
-        t = pl.time
-        comm = sum(v for k, v in t.items() if k.startswith("comm_"))
-        lines.append(
-            f"| {r['model']} | {r['gpus']} | {r['config']} | {r['recompute']} | "
-            f"{r['memory_gb']:.1f} | {r['step_s']:.2f} | "
-            f"{t['compute']:.2f} / {comm:.2f} / {t['bubble']:.2f} |"
-        )
+    for cells in scaling_cells(rows):
+        lines.append("|" + "|".join(f" {c} " if c else " " for c in cells) + "|")
     return "\n".join(lines)

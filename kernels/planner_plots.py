@@ -41,7 +41,7 @@ def scaling_series(rows: list[dict]) -> list[ScalingRow]:
         t = pl.time
         parts = {
             "compute": t["compute"],
-            "comm": sum(v for k, v in t.items() if k.startswith("comm_")),
+            "comm": pl.comm_s,
             "bubble": t["bubble"],
             "optimizer": t["optimizer"],
         }

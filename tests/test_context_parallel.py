@@ -16,8 +16,8 @@ from kernels import distributed as D
 
 
 def _full(b, h, n, d, dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)  # every rank builds the same full tensors
-    return [torch.randn(b, h, n, d, generator=gen).to(dtype) for _ in range(4)]
+    rand = D.seeded_randn("cpu", torch.float32, seed)  # every rank builds the same full tensors
+    return [rand(b, h, n, d).to(dtype) for _ in range(4)]
 
 
 def _shards(x: torch.Tensor, world: int, causal: bool, layout: str) -> list[torch.Tensor]:

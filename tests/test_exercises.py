@@ -107,19 +107,24 @@ def test_skeleton_runs_and_solution_passes_the_grading_cell(lab, tmp_path, capsy
 # ----------------------------------------------------------------------------- wrong answers
 
 
-def _lab(lab, tmp_path, solution: str) -> dict:
+def _wrong(lab, tmp_path, *edits: tuple[str, str]) -> dict:
+    """The lab's skeleton, then its solution with each ``(old, new)`` edit put in, run."""
     ex = exercise(lab)
-    return run(lab, tmp_path, ex["skeleton"], solution)
+    src = ex["solution"]
+    for old, new in edits:
+        src = edit(src, old, new)
+    return run(lab, tmp_path, ex["skeleton"], src)
 
 
 def test_grid_stride_without_the_loop_misses_the_tail(tmp_path):
-    sol = exercise("01a")["solution"]
-    wrong = edit(
-        sol,
-        "range(pid * BLOCK_SIZE, n_elements, n_programs * BLOCK_SIZE)",
-        "range(pid * BLOCK_SIZE, (pid + 1) * BLOCK_SIZE, BLOCK_SIZE)",  # one block per program
+    ns = _wrong(
+        "01a",
+        tmp_path,
+        (
+            "range(pid * BLOCK_SIZE, n_elements, n_programs * BLOCK_SIZE)",
+            "range(pid * BLOCK_SIZE, (pid + 1) * BLOCK_SIZE, BLOCK_SIZE)",  # one block per program
+        ),
     )
-    ns = _lab("01a", tmp_path, wrong)
     msg = fails(grade.check, ns["add_grid_stride"], ns["add_ref"], grade.cases.vector_add())
     assert "the last, partial block" in msg
     if not device.GPU_MODE:  # four programs of 128 cover the first 512 elements, and no more
@@ -128,8 +133,7 @@ def test_grid_stride_without_the_loop_misses_the_tail(tmp_path):
 
 
 def test_grid_stride_off_by_one_mask(tmp_path):
-    sol = exercise("01a")["solution"]
-    ns = _lab("01a", tmp_path, edit(sol, "offsets < n_elements", "offsets < n_elements - 1"))
+    ns = _wrong("01a", tmp_path, ("offsets < n_elements", "offsets < n_elements - 1"))
     msg = fails(grade.check, ns["add_grid_stride"], ns["add_ref"], grade.cases.vector_add())
     assert "first wrong element at index (999,)" in msg and "last 1 of 1000" in msg
 
@@ -144,21 +148,19 @@ def test_grid_stride_off_by_one_mask(tmp_path):
     ids=["truncates", "ties-away", "loses-nan"],
 )
 def test_bf16_rounding_mistakes_are_named(tmp_path, old, new, case, says):
-    ns = _lab("01c", tmp_path, edit(exercise("01c")["solution"], old, new))
+    ns = _wrong("01c", tmp_path, (old, new))
     msg = fails(grade.check, ns["to_bf16"], grade.refs.bf16_round, grade.cases.bf16_round())
     assert f"case 'bf16 rounding: {case}" in msg and says in msg
 
 
 def test_softmax_without_the_max_overflows(tmp_path):
-    sol = exercise("02a")["solution"]
-    ns = _lab("02a", tmp_path, edit(sol, "tl.exp(x - tl.max(x, axis=0))", "tl.exp(x)"))
+    ns = _wrong("02a", tmp_path, ("tl.exp(x - tl.max(x, axis=0))", "tl.exp(x)"))
     msg = fails(grade.check, ns["softmax_rows"], ns["softmax_ref"], grade.cases.softmax())
     assert "rows offset by +-1000" in msg and "subtract the row max" in msg
 
 
 def test_gelu_chain_indexing_w_by_row_is_caught(tmp_path):
-    sol = exercise("03b")["solution"]
-    ns = _lab("03b", tmp_path, edit(sol, "col = offsets % n_cols", "col = offsets // n_cols"))
+    ns = _wrong("03b", tmp_path, ("col = offsets % n_cols", "col = offsets // n_cols"))
     msg = fails(
         grade.check, ns["gelu_chain_fused"], grade.refs.gelu_chain, grade.cases.gelu_chain()
     )
@@ -177,9 +179,7 @@ def test_gelu_chain_diagnoses_w_read_at_the_flat_offset():
 
 
 def test_matmul_that_drops_the_last_k_tile(tmp_path):
-    sol = exercise("04b")["solution"]
-    wrong = edit(sol, "range(0, K, BLOCK_K)", "range(0, K - BLOCK_K + 1, BLOCK_K)")
-    ns = _lab("04b", tmp_path, wrong)
+    ns = _wrong("04b", tmp_path, ("range(0, K, BLOCK_K)", "range(0, K - BLOCK_K + 1, BLOCK_K)"))
     msg = fails(grade.check, ns["tiled_matmul"], ns["matmul_ref"], grade.cases.matmul())
     assert f"case '{grade.cases.matmul()[0].name}'" in msg
     assert "the K loop drops the last, partial tile" in msg
@@ -188,21 +188,25 @@ def test_matmul_that_drops_the_last_k_tile(tmp_path):
 
 
 def test_flash_without_the_max_overflows(tmp_path):
-    sol = exercise("04d")["solution"]
-    wrong = edit(sol, "m_new = tl.maximum(m, tl.max(s, axis=1))", "m_new = m * 0")
-    wrong = edit(wrong, 'm = tl.full((BLOCK_M,), -float("inf"), dtype=tl.float32)',
-                 "m = tl.zeros((BLOCK_M,), dtype=tl.float32)")  # fmt: skip
-    ns = _lab("04d", tmp_path, wrong)
+    ns = _wrong(
+        "04d",
+        tmp_path,
+        ("m_new = tl.maximum(m, tl.max(s, axis=1))", "m_new = m * 0"),
+        ('m = tl.full((BLOCK_M,), -float("inf"), dtype=tl.float32)',
+         "m = tl.zeros((BLOCK_M,), dtype=tl.float32)"),
+    )  # fmt: skip
     cases = grade.cases.flash_attention()
     msg = fails(grade.check, ns["flash_attention"], grade.refs.flash_attention, cases)
     assert "scores of +-100s" in msg and "NaN or inf" in msg and "subtract the running max" in msg
 
 
 def test_flash_without_the_rescale_is_caught_on_many_tiles(tmp_path):
-    sol = exercise("04d")["solution"]
-    wrong = edit(sol, "l_i = l_i * alpha +", "l_i = l_i +")
-    wrong = edit(wrong, "acc = acc * alpha[:, None] +", "acc = acc +")
-    ns = _lab("04d", tmp_path, wrong)
+    ns = _wrong(
+        "04d",
+        tmp_path,
+        ("l_i = l_i * alpha +", "l_i = l_i +"),
+        ("acc = acc * alpha[:, None] +", "acc = acc +"),
+    )
     cases = grade.cases.flash_attention()
     msg = fails(grade.check, ns["flash_attention"], grade.refs.flash_attention, cases)
     assert f"case '{cases[1].name}'" in msg  # the first case, a single tile, passed
@@ -210,11 +214,12 @@ def test_flash_without_the_rescale_is_caught_on_many_tiles(tmp_path):
 
 
 def test_ring_step_with_a_wrong_chunk_index_fails_on_three_ranks(tmp_path):
-    sol = exercise("05a")["solution"]
-    wrong = edit(sol, "send_chunk = (rank - step) % world", "send_chunk = (rank + step) % world")
-    wrong = edit(wrong, "recv_chunk = (rank - step - 1) % world",
-                 "recv_chunk = (rank + step - 1) % world")  # fmt: skip
-    ns = _lab("05a", tmp_path, wrong)
+    ns = _wrong(
+        "05a",
+        tmp_path,
+        ("send_chunk = (rank - step) % world", "send_chunk = (rank + step) % world"),
+        ("recv_chunk = (rank - step - 1) % world", "recv_chunk = (rank + step - 1) % world"),
+    )
     msg = fails(grade.check_ring_step, ns["reduce_scatter_step"])
     # Two ranks cannot tell (r + s) % 2 from (r - s) % 2: the failure is on three.
     assert "reduce-scatter steps on 3 ranks (12 elements)" in msg
@@ -225,16 +230,14 @@ def test_ring_step_with_a_wrong_chunk_index_fails_on_three_ranks(tmp_path):
 
 
 def test_ring_step_that_raises_is_reported_with_its_rank(tmp_path):
-    sol = exercise("05a")["solution"]
-    ns = _lab("05a", tmp_path, edit(sol, "flat[r0:r1] += incoming", "flat[r0:r1] += incoming[1:]"))
+    ns = _wrong("05a", tmp_path, ("flat[r0:r1] += incoming", "flat[r0:r1] += incoming[1:]"))
     msg = fails(grade.check_ring_step, ns["reduce_scatter_step"], worlds=(2,))
     assert "on 2 ranks, your step raised on rank" in msg and "RuntimeError" in msg
 
 
 def test_paged_gather_without_the_table_lookup(tmp_path):
-    sol = exercise("06a")["solution"]
     old = "block = tl.load(table_ptr + seq * stride_tb + pos // BLOCK_SIZE, mask=mask, other=0)"
-    ns = _lab("06a", tmp_path, edit(sol, old, "block = pos // BLOCK_SIZE"))
+    ns = _wrong("06a", tmp_path, (old, "block = pos // BLOCK_SIZE"))
     msg = fails(
         grade.check, ns["paged_gather"], grade.refs.paged_gather, grade.cases.paged_gather()
     )
@@ -263,17 +266,13 @@ def test_paged_gather_without_the_table_lookup(tmp_path):
     ids=["neighbour-pairs", "swapped-nibbles", "no-offset"],
 )  # fmt: skip
 def test_int4_unpack_mistakes_are_named(tmp_path, edits, says):
-    src = exercise("07a")["solution"]
-    for old, new in edits:
-        src = edit(src, old, new)
-    ns = _lab("07a", tmp_path, src)
+    ns = _wrong("07a", tmp_path, *edits)
     msg = fails(grade.check, ns["int4_unpack"], grade.refs.int4_unpack, grade.cases.int4_unpack())
     assert f"case '{grade.cases.int4_unpack()[0].name}'" in msg and says in msg
 
 
 def test_forest_walk_that_sends_ties_right(tmp_path):
-    sol = exercise("09a")["solution"]
-    ns = _lab("09a", tmp_path, edit(sol, "(x > thr)", "(x >= thr)"))
+    ns = _wrong("09a", tmp_path, ("(x > thr)", "(x >= thr)"))
     msg = fails(grade.check, ns["forest_predict"], grade.refs.forest, grade.cases.forest())
     assert f"case '{grade.cases.forest()[0].name}'" in msg and "what >= gives" in msg
 
@@ -309,8 +308,7 @@ def test_barrier_without_the_atomic_loses_arrivals(tmp_path):
     ids=["last-off-by-one", "no-reset", "wait-inverted"],
 )  # fmt: skip
 def test_barrier_mistakes_are_named(tmp_path, old, new, says):
-    ex = exercise("08a")
-    ns = run("08a", tmp_path, ex["skeleton"], edit(ex["solution"], old, new))
+    ns = _wrong("08a", tmp_path, (old, new))
     assert says in fails(grade.check_grid_barrier, ns["arrive"], ns["wait"])
 
 

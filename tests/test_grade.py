@@ -91,9 +91,8 @@ def test_dropped_last_column_is_caught_in_that_column():
         y = torch.softmax(x[:, :-1].float(), dim=-1).to(x.dtype)
         return torch.cat([y, torch.zeros_like(x[:, -1:])], dim=-1)
 
-    cases = (
-        grade.cases.softmax()
-    )  # the first is ordinary rows of an odd width (sizes differ on a GPU)
+    # The first case is ordinary rows of an odd width (sizes differ on a GPU).
+    cases = grade.cases.softmax()
     cols = int(re.search(r"\[\d+, (\d+)\]", cases[0].name).group(1))
     msg = _fail(softmax_drops_last_column, softmax_ref, cases)
     assert f"case '{cases[0].name}'" in msg
@@ -118,6 +117,9 @@ def test_softmax_without_max_subtraction_overflows_on_large_rows():
     assert "got nan" in msg
     assert f"{len(bad_rows)} whole rows are wrong (rows {bad_rows[:4]}" in msg
     assert "NaN or inf" in msg and "subtract the row max" in msg
+    if not device.GPU_MODE:  # the CPU's case: 8 rows, of which rows 1, 2, 5 and 6 shifted up
+        assert offset.name == "softmax [8, 129] float32, rows offset by +-1000"
+        assert "at index (1, 0)" in msg and "4 whole rows are wrong (rows [1, 2, 5, 6]" in msg
 
 
 def test_wrong_dtype_shape_and_type_are_named():

@@ -265,6 +265,12 @@ def test_scaling_table_and_markdown():
     assert rows[3]["plan"] is None  # 70B of mixed-precision Adam state does not fit on 8 GPUs
     table = P.markdown_table(rows).splitlines()
     assert len(table) == 2 + 4 and "nothing fits" in table[-1]
+    cells, pl = P.scaling_cells(rows), rows[0]["plan"]
+    assert cells[0][:4] == ["tiny", "2", pl.parallel.label(), pl.recompute]
+    assert cells[3] == ["70B-class", "8", "nothing fits", "", "", "", ""]
+    assert table[2] == "| " + " | ".join(cells[0]) + " |"
+    t = pl.time  # the communication is what the step spends beyond compute, optimizer and bubble
+    assert pl.comm_s == pytest.approx(t["total"] - t["compute"] - t["optimizer"] - t["bubble"])
 
 
 # ----------------------------------------------------------------------------- the figure (5.4)

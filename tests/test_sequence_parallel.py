@@ -15,11 +15,7 @@ from kernels import sequence_parallel as SP
 
 
 def _weights(s, b, h, d_ff, seed=3):
-    gen = torch.Generator().manual_seed(seed)  # every rank builds the same full tensors
-
-    def r(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
+    r = D.seeded_randn("cpu", torch.float64, seed)  # every rank builds the same full tensors
     ln_w, ln_b = 1 + 0.1 * r(h), 0.1 * r(h)
     w1, b1, w2, b2 = r(h, d_ff) / h**0.5, r(d_ff), r(d_ff, h) / d_ff**0.5, r(h)
     return r(s, b, h), r(s, b, h), (ln_w, ln_b, w1, b1, w2, b2)
@@ -65,11 +61,7 @@ def _block_case(s, b, h, d_ff) -> None:
 def _attention_case(s, b, n_heads, d) -> None:
     rank, t = dist.get_rank(), dist.get_world_size()
     width = n_heads * d + 1  # the model width need not be heads x head_dim
-    gen = torch.Generator().manual_seed(s + n_heads)
-
-    def r(*shape, scale=1.0):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
-
+    r = D.seeded_randn("cpu", torch.float64, s + n_heads)
     x, dy = r(s, b, width), r(s, b, width)
     full = (1 + r(width, scale=0.1), r(width, scale=0.1), r(width, 3 * n_heads * d, scale=width**-0.5),
             r(3 * n_heads * d, scale=0.1), r(n_heads * d, width, scale=0.3), r(width, scale=0.1))  # fmt: skip

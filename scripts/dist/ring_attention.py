@@ -122,7 +122,8 @@ def time_n(w: D.Worker, n: int, heads: int, d: int, impl: str, dtype, reps: int)
 
     row["single_ms"] = bench.measure(single_step).ms
     row["speedup"] = row["single_ms"] / row["ring_ms"]
-    flops = fa.fwd_flops(1, heads, n, n, d, causal=True) * 3.5  # forward + backward (2.5x)
+    shape = (1, heads, n, n, d)
+    flops = fa.fwd_flops(*shape, causal=True) + fa.bwd_flops(*shape, causal=True)
     row["ring_tflops_per_gpu"] = flops / w.world / (row["ring_ms"] * 1e-3) / 1e12
     row["kv_bytes_per_step"] = 2 * ql.numel() * ql.element_size()
     return row

@@ -139,10 +139,9 @@ def measure_width(w: D.Worker, h: int, s: int, b: int, reps: int, block: str) ->
     shards = [t.requires_grad_() for t in shards]
     gen = torch.Generator(device=w.device).manual_seed(3)
     x = torch.randn(s, b, h, generator=gen, device=w.device, dtype=dtype)
-    n = s // w.world
     inputs = {
         "tp": x.requires_grad_(),
-        "sp": x.detach()[w.rank * n : (w.rank + 1) * n].clone().requires_grad_(),
+        "sp": SP.shard_sequence(x.detach()).clone().requires_grad_(),
     }
     for name, fn in fns.items():
         xi = inputs[name]
