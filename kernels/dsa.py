@@ -766,12 +766,13 @@ def dsa_decode_time_s(
     peak): the indexer (at ``tflops_index``, the FP8 peak, default the bf16 one), the top-k (reads
     the scores), sparse MLA, their ``dsa`` total, and ``dense`` MLA decode over the whole context
     (the counts of ``decode_stage_costs``, in bf16)."""
-    bw, peak = bandwidth_gbps * 1e9, tflops_bf16 * 1e12
-    idx_peak = (tflops_index or tflops_bf16) * 1e12
+    idx_peak = tflops_index or tflops_bf16
     cost = decode_stage_costs(context, batch, topk=topk, key_bytes=key_bytes, n_heads=n_heads,
                               r=r, d_rope=d_rope, n_idx_heads=n_idx_heads, d_idx=d_idx)  # fmt: skip
     t = {
-        stage: max(nbytes / bw, flops / (idx_peak if stage == "indexer" else peak))
+        stage: mla.roof_time_s(
+            nbytes, flops, bandwidth_gbps, idx_peak if stage == "indexer" else tflops_bf16
+        )[0]
         for stage, (nbytes, flops) in cost.items()
     }
     t["dsa"] = t["indexer"] + t["topk"] + t["sparse"]

@@ -761,10 +761,16 @@ def mla_decode_roof_s(
 ) -> tuple[float, str]:
     """The roofline time of one decode step, max(bytes / bandwidth, FLOPs / peak), and which roof
     binds ('memory' or 'compute')."""
-    t_mem = mla_decode_bytes(batch, context, n_heads, r, d_rope, dtype_bytes) / (
-        bandwidth_gbps * 1e9
-    )
-    t_cmp = mla_decode_flops(batch, context, n_heads, r, d_rope) / (tflops * 1e12)
+    nbytes = mla_decode_bytes(batch, context, n_heads, r, d_rope, dtype_bytes)
+    flops = mla_decode_flops(batch, context, n_heads, r, d_rope)
+    return roof_time_s(nbytes, flops, bandwidth_gbps, tflops)
+
+
+def roof_time_s(nbytes: int, flops: int, bandwidth_gbps: float, tflops: float) -> tuple[float, str]:
+    """The roofline time of any work, max(bytes / bandwidth, FLOPs / peak) in seconds, and which
+    roof binds ('memory' or 'compute'). One home for the max: MLA's and DSA's cost models and the
+    benchmarks' ceilings use it."""
+    t_mem, t_cmp = nbytes / (bandwidth_gbps * 1e9), flops / (tflops * 1e12)
     return (t_mem, "memory") if t_mem >= t_cmp else (t_cmp, "compute")
 
 
@@ -899,9 +905,8 @@ def _roof(
     """The benchmark's ceiling as a record wants it (GB/s, since records carry GB/s): the bytes
     over the roofline time max(bytes / copy bandwidth, FLOPs / matmul peak), named after the roof
     that binds."""
-    t_mem, t_cmp = nbytes / (copy_gbps * 1e9), flops / (peak_tflops * 1e12)
-    name = "roof:copy" if t_mem >= t_cmp else f"roof:{peak_name}"
-    return name, nbytes / max(t_mem, t_cmp) / 1e9
+    t, bound = roof_time_s(nbytes, flops, copy_gbps, peak_tflops)
+    return ("roof:copy" if bound == "memory" else f"roof:{peak_name}"), nbytes / t / 1e9
 
 
 def _mla_records(batch, context, n_heads, r, d_rope, dtype, copy_gbps, peak, naive) -> list[dict]:
