@@ -46,7 +46,9 @@ def test_indexer_fp16_and_n_ctx():
     assert got.shape == (2, 2, 50)
     fin = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(got), fin)
-    assert rel_err(got[fin], ref[fin]) < 2e-3
+    # fp16 products are exact in the dot's fp32 accumulator and all that follows is fp32: only
+    # the summation order differs from the reference (0 in the interpreter).
+    assert rel_err(got[fin], ref[fin]) < 1e-4
 
 
 def test_indexer_dtype_follows_the_device():
@@ -98,11 +100,10 @@ def test_topk_is_the_reference_set(k):
     scores = torch.randperm(4 * 2 * 48, generator=g).view(4, 2, 48).float()
     scores = scores.masked_fill(torch.arange(48) > positions[..., None], float("-inf"))
     scores, positions = scores.to(device.DEVICE), positions.to(device.DEVICE)
-    c = {"positions": positions}
-    idx = dsa.topk_indices(scores, k, c["positions"])
+    idx = dsa.topk_indices(scores, k, positions)
     assert idx.shape == (4, 2, k) and idx.dtype == _I32
-    for got, want, pos in zip(idx.reshape(-1, k), _topk_ref(scores, k, c["positions"]),
-                              c["positions"].reshape(-1).tolist()):  # fmt: skip
+    for got, want, pos in zip(idx.reshape(-1, k), _topk_ref(scores, k, positions),
+                              positions.reshape(-1).tolist()):  # fmt: skip
         real = got[got >= 0].tolist()
         assert set(real) == want and len(real) == len(want)  # distinct, and the same set
         assert len(real) == min(k, pos + 1)  # padded with -1 when the context is short

@@ -102,7 +102,8 @@ def test_absorbed_equals_naive_in_fp64():
     # The Triton kernel on the absorbed form, in fp32.
     o_lat = mla.mla_decode(weights.query(q_nope).float(), q_rope.float(), kv.float(), table, lens,
                            scale)  # fmt: skip
-    torch.testing.assert_close(weights.output(o_lat.double()), naive, rtol=1e-4, atol=1e-5)
+    # fp32 against fp64: the file's fp32 tolerance (largest error 1.3e-6 in the interpreter).
+    torch.testing.assert_close(weights.output(o_lat.double()), naive, rtol=1e-5, atol=1e-5)
 
 
 def test_absorb_layout_and_errors():
