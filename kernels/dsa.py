@@ -713,6 +713,28 @@ def sparse_mla_flops(
     return mla.mla_decode_flops(n_queries, topk, n_heads, r, d_rope)
 
 
+def prefill_flops(
+    chunk: int,
+    context: int,
+    topk: int = 2048,
+    n_heads: int = 128,
+    r: int = 512,
+    d_rope: int = 64,
+    n_idx_heads: int = 64,
+    d_idx: int = 128,
+) -> tuple[int, int]:
+    """FLOPs of a chunk of ``chunk`` queries at the end of a ``context``-token sequence, as
+    ``(dense, dsa)``: dense causal attention in the non-absorbed form (per-head keys of d_nope +
+    d_rope and values of d_v, d_nope = d_v = min(128, r)) over every causal pair, and DSA (the
+    indexer over every causal pair, sparse MLA over ``topk`` rows per query)."""
+    # Causal pairs: query t (position context - chunk + t) sees context - chunk + t + 1 keys.
+    pairs = chunk * (context - chunk) + chunk * (chunk + 1) // 2
+    d_nope = d_v = min(128, r)
+    dense = 2 * n_heads * pairs * (d_nope + d_rope + d_v)
+    indexer = 2 * pairs * n_idx_heads * d_idx
+    return dense, indexer + sparse_mla_flops(topk, chunk, n_heads, r, d_rope)
+
+
 def decode_stage_costs(
     context: int,
     batch: int,
@@ -998,16 +1020,13 @@ def _prefill_records(chunk, context, topk, shapes, dtype, copy, peak) -> list[di
     h, r, dr, hi, di = shapes
     shape = [1, chunk, context, topk, h, r, dr, hi, di]
     d_nope, d_v = min(128, r), min(128, r)
-    # Causal pairs: query t (position context - chunk + t) sees context - chunk + t + 1 keys.
-    pairs = chunk * (context - chunk) + chunk * (chunk + 1) // 2
-    dense_f = 2 * h * pairs * (d_nope + dr + d_v)
+    dense_f, f = prefill_flops(chunk, context, topk, h, r, dr, hi, di)
     backend, dense = _dense_causal_prefill(chunk, context, h, d_nope + dr, d_v, dtype, dense_f)
     c = dsa_case([context], h, r, dr, hi, di, n_queries=chunk, dtype=dtype,
                  idx_dtype=indexer_dtype())  # fmt: skip
     c["block_table"] = c["block_table"][:, : context // 64].contiguous()
     keys = ("q_latent", "q_rope", "kv_cache", "q_idx", "k_idx_cache", "w", "block_table")
     args = [c[n] for n in keys] + [c["positions"]]
-    f = 2 * pairs * hi * di + sparse_mla_flops(topk, chunk, h, r, dr)  # indexer + attention
     full = bench.measure(lambda: dsa_prefill(*args, topk), flops=f)
     if dense is None:
         print("dsa prefill: no fused SDPA backend takes a bottom-right causal mask here")

@@ -217,6 +217,10 @@ def test_cost_model():
     assert dsa.indexer_flops(1000) == 2 * 1000 * 64 * 128
     assert dsa.indexer_bytes(1000, key_bytes=1) == 1000 * 128 + 64 * 128 + 4 * 1000
     assert dsa.sparse_mla_flops(2048) == mla.mla_decode_flops(1, 2048)
+    # A chunk of 4 queries ending a 10-token context: 4 * 6 + (1 + 2 + 3 + 4) = 34 causal pairs.
+    dense, sparse = dsa.prefill_flops(4, 10, 8, n_heads=2, r=16, d_rope=8, n_idx_heads=3, d_idx=16)
+    assert dense == 2 * 2 * 34 * (16 + 8 + 16)
+    assert sparse == 2 * 34 * 3 * 16 + dsa.sparse_mla_flops(8, 4, 2, 16, 8)
 
 
 # ----------------------------------------------------------------------------- bad input
