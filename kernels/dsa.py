@@ -405,10 +405,10 @@ def lightning_indexer(
             raise ValueError(
                 f"positions must lie in [-1, n_ctx - 1 = {n_ctx - 1}], got values in [{lo}, {hi}]"
             )
-        n_used = (positions.long().amax(1) + page) // page  # blocks up to the last position
-        cols = torch.arange(block_table.shape[1], device=block_table.device)
-        paged_attention.check_block_ids(
-            block_table, cols[None, :] < n_used[:, None], num_blocks, pool="k_idx_cache"
+        # A sequence reads its keys up to its last position: that length's blocks (the length
+        # itself is within the capacity, since hi < n_ctx).
+        paged_attention.check_lengths_and_blocks(
+            block_table, positions.amax(1) + 1, num_blocks, page, pool="k_idx_cache"
         )
 
     out = torch.empty(n_seqs, n_queries, n_ctx, device=q_idx.device, dtype=torch.float32)
