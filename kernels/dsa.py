@@ -310,26 +310,6 @@ def _check_int_tensor(name: str, t, ndim: int, shape: tuple, dev) -> None:
         )
 
 
-def _check_indexer_config(config) -> None:
-    """``config = (BLOCK_T, BLOCK_S, num_warps, num_stages)``: BLOCK_T a power of two, BLOCK_S a
-    power of two >= 16."""
-    if config is None:
-        return
-    ok = (
-        isinstance(config, tuple)
-        and len(config) == 4
-        and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in config)
-        and not config[0] & (config[0] - 1)
-        and config[1] >= 16
-        and not config[1] & (config[1] - 1)
-    )
-    if not ok:
-        raise ValueError(
-            "config must be (BLOCK_T, BLOCK_S, num_warps, num_stages) with BLOCK_T a power of "
-            f"two and BLOCK_S a power of two >= 16, got {config!r}"
-        )
-
-
 def lightning_indexer(
     q_idx: torch.Tensor,
     k_idx_cache: torch.Tensor,
@@ -388,7 +368,7 @@ def lightning_indexer(
         raise ValueError(
             f"n_ctx must be an int in [0, the block table's capacity {capacity}], got {n_ctx!r}"
         )
-    _check_indexer_config(config)
+    mla.check_config(config, ("BLOCK_T", "BLOCK_S"), min_first=1)
     # The grid's y and z axes (query tiles, key tiles) hold at most 65,535 programs on a GPU
     # (the interpreter has no limit): the smallest tiles the autotuner may pick set the bound.
     max_t, max_s = 65535 * (config[0] if config else 1), 65535 * (config[1] if config else 32)

@@ -347,19 +347,28 @@ def _dot_pad(n: int) -> int:
     return max(16, next_power_of_2(n))
 
 
-def check_config(config) -> None:
-    """``config = (BLOCK_H, BLOCK_N, num_warps, num_stages)``: tiles powers of two >= 16."""
+def check_config(
+    config, tiles: tuple[str, str] = ("BLOCK_H", "BLOCK_N"), min_first: int = 16
+) -> None:
+    """``config = (tile, tile, num_warps, num_stages)`` (default ``(BLOCK_H, BLOCK_N, ...)``):
+    positive ints, both tiles powers of two, the second >= 16 (a tl.dot dimension) and the first
+    >= ``min_first`` (16 for MLA's head block, the dot's M; ``dsa``'s indexer passes 1 for its
+    query tile, whose dot rows are BLOCK_T x the padded index heads)."""
     if config is None:
         return
     if not (
         isinstance(config, tuple)
         and len(config) == 4
         and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in config)
-        and all(c >= 16 and not c & (c - 1) for c in config[:2])
+        and all(not c & (c - 1) for c in config[:2])
+        and config[0] >= min_first
+        and config[1] >= 16
     ):
+        first, second = tiles
+        at_least = f" >= {min_first}" if min_first > 1 else ""
         raise ValueError(
-            "config must be (BLOCK_H, BLOCK_N, num_warps, num_stages) with BLOCK_H and BLOCK_N "
-            f"powers of two >= 16, got {config!r}"
+            f"config must be ({first}, {second}, num_warps, num_stages) with {first} a power of "
+            f"two{at_least} and {second} a power of two >= 16, got {config!r}"
         )
 
 

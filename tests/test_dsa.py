@@ -255,6 +255,9 @@ def test_indexer_bad_input():
             dsa.lightning_indexer(*args)
     with pytest.raises(ValueError, match="n_ctx"):
         dsa.lightning_indexer(q, k, w, table, pos, n_ctx=10**6)
+    for config in ((3, 32, 4, 1), (2, 8, 4, 1), (2, 32, 4), (2, 32, True, 1)):
+        with pytest.raises(ValueError, match="config must be \\(BLOCK_T, BLOCK_S"):
+            dsa.lightning_indexer(q, k, w, table, pos, config=config)
     # More query tiles than a GPU grid axis holds (65,535): refused before the launch.
     n = 65536
     with pytest.raises(ValueError, match="q_idx holds 65536 queries"):

@@ -169,6 +169,7 @@ def _with(i, v):
         (_with(0, _t(2, 3, 4, 32)), {}, ValueError, "q_latent must be 3-D"),
         (_GOOD, {"num_splits": 0}, ValueError, "num_splits"),
         (_GOOD, {"config": (16, 24, 4, 1)}, ValueError, "config"),
+        (_GOOD, {"config": (8, 16, 4, 1)}, ValueError, "BLOCK_H a power of two >= 16"),
         (_GOOD, {"sm_scale": -1.0}, ValueError, "sm_scale"),
     ],
 )
