@@ -796,11 +796,14 @@ def decode_case(
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     spare_blocks: int = 2,
+    exact_table: bool = False,
     dev=None,
 ):
     """Random ``(q_latent, q_rope, kv_cache, block_table, seq_lens)`` with each sequence's blocks
     scattered over a pool (block 0 unused, a few spare blocks). Every table row has one column
-    more than its longest sequence needs, pointing at a real block."""
+    more than its longest sequence needs, pointing at a real block; with ``exact_table`` the table
+    stops at the longest sequence's last block (for timing: the eager baselines gather the
+    table's whole capacity)."""
     dev = torch.device(dev or device.DEVICE)
     g = torch.Generator().manual_seed(seed)
     n = len(seq_lens)
@@ -808,6 +811,8 @@ def decode_case(
     num_blocks = 1 + n * per_seq + spare_blocks
     perm = torch.randperm(num_blocks - 1, generator=g)[: n * per_seq] + 1
     table = perm.view(n, per_seq).to(torch.int32)
+    if exact_table:
+        table = table[:, : per_seq - 1].contiguous()
     lens = torch.tensor(list(seq_lens), dtype=torch.int32)
     return (
         randn(n, n_heads, r, dtype=dtype, seed=seed + 1, dev=dev),
@@ -920,10 +925,8 @@ def _roof(
 
 def _mla_records(batch, context, n_heads, r, d_rope, dtype, copy_gbps, peak, naive) -> list[dict]:
     q_lat, q_rope, kv, table, lens = decode_case(
-        [context] * batch, n_heads, r, d_rope, dtype=dtype, spare_blocks=0
+        [context] * batch, n_heads, r, d_rope, dtype=dtype, spare_blocks=0, exact_table=True
     )
-    # Tables sized to the context exactly: the baselines gather the table's whole capacity.
-    table = table[:, : context // 64].contiguous()
     nbytes = mla_decode_bytes(batch, context, n_heads, r, d_rope, dtype.itemsize)
     flops = mla_decode_flops(batch, context, n_heads, r, d_rope)
     ceiling = _roof(nbytes, flops, copy_gbps, peak)

@@ -140,6 +140,16 @@ def test_napkin_math():
     assert mla.default_num_splits(1, 100) == 1  # too short to split
 
 
+def test_decode_case_exact_table():
+    loose = mla.decode_case([130, 5], 2, 16, 16, spare_blocks=0, dtype=torch.float32)
+    exact = mla.decode_case([130, 5], 2, 16, 16, spare_blocks=0, exact_table=True,
+                            dtype=torch.float32)  # fmt: skip
+    assert loose[3].shape == (2, 4) and exact[3].shape == (2, 3)  # ceil(130 / 64) = 3 blocks
+    assert torch.equal(exact[3], loose[3][:, :3])
+    for a, b in zip(loose[:3] + loose[4:], exact[:3] + exact[4:]):
+        assert torch.equal(a, b)
+
+
 def _t(*shape, dtype=torch.float16):
     return torch.zeros(*shape, dtype=dtype, device=device.DEVICE)
 
