@@ -817,18 +817,20 @@ def dsa_case(
     dtype: torch.dtype = torch.bfloat16,
     idx_dtype: torch.dtype | None = None,
     seed: int = 0,
+    exact_table: bool = False,
     dev=None,
 ):
     """Random inputs of a DSA step over sequences of ``seq_lens`` cached tokens, with the last
     ``n_queries`` tokens of each as the queries (decode: 1). Returns a dict with ``q_latent,
     q_rope`` ``[B, T, H, ·]``, ``kv_cache``, ``q_idx [B, T, H_I, d_I]``, ``k_idx_cache``, ``w``,
-    ``block_table``, ``seq_lens``, ``positions [B, T]`` (``seq_len - T + t``; -1 … for a sequence
-    shorter than T)."""
+    ``block_table`` (``exact_table``: as ``mla.decode_case``'s), ``seq_lens``,
+    ``positions [B, T]`` (``seq_len - T + t``; -1 … for a sequence shorter than T)."""
     dev = dev or device.DEVICE
     idx_dtype = idx_dtype or dtype
     q_lat, _, kv, table, lens = mla.decode_case(
-        seq_lens, n_heads, r, d_rope, block_size=block_size, dtype=dtype, seed=seed, dev=dev
-    )
+        seq_lens, n_heads, r, d_rope, block_size=block_size, dtype=dtype, seed=seed,
+        exact_table=exact_table, dev=dev,
+    )  # fmt: skip
     n = len(seq_lens)
     q_lat = mla.randn(n, n_queries, n_heads, r, dtype=dtype, seed=seed + 11, dev=dev)
     q_rope = mla.randn(n, n_queries, n_heads, d_rope, dtype=dtype, seed=seed + 12, dev=dev)
@@ -923,8 +925,8 @@ COMPILE_SPECS = [
 def _decode_records(batch, context, topk, shapes, dtype, copy, peak, idx_peak) -> list[dict]:
     h, r, dr, hi, di = shapes
     idx_dtype = indexer_dtype()
-    c = dsa_case([context] * batch, h, r, dr, hi, di, dtype=dtype, idx_dtype=idx_dtype)
-    c["block_table"] = c["block_table"][:, : context // 64].contiguous()
+    c = dsa_case([context] * batch, h, r, dr, hi, di, dtype=dtype, idx_dtype=idx_dtype,
+                 exact_table=True)  # fmt: skip
     q_lat, q_rope = c["q_latent"][:, 0], c["q_rope"][:, 0]
     q_idx, w = c["q_idx"][:, 0], c["w"][:, 0]
     kv, kidx, table, lens = c["kv_cache"], c["k_idx_cache"], c["block_table"], c["seq_lens"]
@@ -1003,8 +1005,7 @@ def _prefill_records(chunk, context, topk, shapes, dtype, copy, peak) -> list[di
     dense_f, f = prefill_flops(chunk, context, topk, h, r, dr, hi, di)
     backend, dense = _dense_causal_prefill(chunk, context, h, d_nope + dr, d_v, dtype, dense_f)
     c = dsa_case([context], h, r, dr, hi, di, n_queries=chunk, dtype=dtype,
-                 idx_dtype=indexer_dtype())  # fmt: skip
-    c["block_table"] = c["block_table"][:, : context // 64].contiguous()
+                 idx_dtype=indexer_dtype(), exact_table=True)  # fmt: skip
     keys = ("q_latent", "q_rope", "kv_cache", "q_idx", "k_idx_cache", "w", "block_table")
     args = [c[n] for n in keys] + [c["positions"]]
     full = bench.measure(lambda: dsa_prefill(*args, topk), flops=f)
