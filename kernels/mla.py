@@ -563,10 +563,6 @@ class AbsorbedMLA:
     w_uk: torch.Tensor
     w_uv: torch.Tensor
 
-    @property
-    def n_heads(self) -> int:
-        return self.w_uk.shape[0]
-
     def query(self, q_nope: torch.Tensor) -> torch.Tensor:
         """``q_nope: [B, H, d_nope]`` -> ``q_latent: [B, H, r]`` (one batched matmul over heads:
         ``2·B·H·d_nope·r`` FLOPs per step)."""
@@ -588,11 +584,11 @@ def absorb(w_uk: torch.Tensor, w_uv: torch.Tensor, n_heads: int) -> AbsorbedMLA:
     W_UK[h]) · c``; the value is ``W_V[h] c`` and ``Σ p v = (Σ p c) W_V[h]ᵀ``, so the output side
     stores ``W_UV[h] = W_V[h]ᵀ: [r, d_v]``. DeepSeek-V3: H = 128, d_nope = d_v = 128, r = 512.
     """
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
     for name, w in (("w_uk", w_uk), ("w_uv", w_uv)):
         if not isinstance(w, torch.Tensor) or w.ndim != 2:
             raise ValueError(f"{name} must be a 2-D [H * d, r] tensor (an nn.Linear weight)")
-        if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
-            raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
         if w.shape[0] % n_heads:
             raise ValueError(
                 f"{name}'s rows ({w.shape[0]}) must be a multiple of n_heads ({n_heads})"

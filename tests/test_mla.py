@@ -116,6 +116,10 @@ def test_absorb_layout_and_errors():
         mla.absorb(w_uk, w_uv, 4)
     with pytest.raises(ValueError, match="latent rank"):
         mla.absorb(w_uk, w_uv[:, :3], 2)
+    with pytest.raises(ValueError, match="n_heads must be a positive int"):
+        mla.absorb(w_uk, w_uv, 0)
+    with pytest.raises(ValueError, match="w_uv must be a 2-D"):
+        mla.absorb(w_uk, w_uv[None], 2)
 
 
 def test_empty_batch():
