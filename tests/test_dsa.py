@@ -16,6 +16,11 @@ def _attn_args(c):
     return c["q_latent"], c["q_rope"], c["kv_cache"], c["block_table"]
 
 
+def _decode_attn_args(c):
+    """``_attn_args`` in the decode layout: the one query of each sequence, ``[B, H, ·]``."""
+    return c["q_latent"][:, 0], c["q_rope"][:, 0], c["kv_cache"], c["block_table"]
+
+
 # ----------------------------------------------------------------------------- indexer
 
 
@@ -149,8 +154,7 @@ def test_sparse_mla_matches_reference(seq_lens, n_queries, n_heads, r, d_rope, p
     idx = _random_indices(seq_lens, n_queries, k, c["positions"].cpu(), seed=k)
     args = _attn_args(c)
     if n_queries == 1:  # the decode layout: [B, H, ·] and indices [B, k]
-        args = (args[0][:, 0], args[1][:, 0], *args[2:])
-        idx = idx[:, 0]
+        args, idx = _decode_attn_args(c), idx[:, 0]
     got = dsa.sparse_mla(*args, idx, num_splits=splits, config=latent_config(dtype, k == 24))
     ref = dsa.sparse_mla_ref(*args, idx)
     assert got.shape == args[0].shape and got.dtype == dtype
@@ -178,7 +182,7 @@ def test_sparse_mla_batch_of_33_and_order_independence():
 def test_dsa_decode_with_k_past_the_context_is_dense_mla():
     """With k >= every context, DSA keeps every token: it must equal dense MLA decode."""
     c = dsa.dsa_case([1, 37, 0, 20], 16, 32, 16, 3, 16, block_size=8, dtype=torch.float32)
-    q, qr, kv, table = (t[:, 0] if t.ndim == 4 else t for t in _attn_args(c))
+    q, qr, kv, table = _decode_attn_args(c)
     got = dsa.dsa_decode(q, qr, kv, c["q_idx"][:, 0], c["k_idx_cache"], c["w"][:, 0], table,
                          c["seq_lens"], topk=64)  # fmt: skip
     torch.testing.assert_close(got, mla.mla_decode_ref(q, qr, kv, table, c["seq_lens"]),
@@ -279,7 +283,7 @@ def test_topk_bad_input():
 
 def test_sparse_mla_bad_input():
     c = _small()
-    q, qr, kv, table = (t[:, 0] if t.ndim == 4 else t for t in _attn_args(c))
+    q, qr, kv, table = _decode_attn_args(c)
     idx = torch.zeros(2, 4, dtype=_I32, device=device.DEVICE)
     capacity = table.shape[1] * 4
     bad_table = table.clone()
@@ -301,7 +305,7 @@ def test_sparse_mla_bad_input():
 
 def test_sparse_mla_bad_values_give_nan_without_the_checks(monkeypatch):
     c = _small()
-    q, qr, kv, table = (t[:, 0] if t.ndim == 4 else t for t in _attn_args(c))
+    q, qr, kv, table = _decode_attn_args(c)
     idx = torch.tensor([[0, 3, -1, 9], [1, 4, 2, -1]], dtype=_I32, device=device.DEVICE)
     want = dsa.sparse_mla(q, qr, kv, table, idx, num_splits=1)
     monkeypatch.setattr(dsa._validate, "check_values", lambda *t: False)
