@@ -168,11 +168,10 @@ def test_sparse_mla_batch_of_33_and_order_independence():
     lens = torch.randint(0, 30, (33,), generator=g).tolist()
     c = dsa.dsa_case(lens, 3, 16, 16, 2, 16, block_size=4, dtype=torch.float32)
     idx = _random_indices(lens, 1, 12, c["positions"].cpu(), seed=3)[:, 0]
-    q, qr, kv, table = _attn_args(c)
-    got = dsa.sparse_mla(q[:, 0], qr[:, 0], kv, table, idx, num_splits=2)
-    torch.testing.assert_close(got, dsa.sparse_mla_ref(q[:, 0], qr[:, 0], kv, table, idx),
-                               rtol=1e-5, atol=1e-5)  # fmt: skip
-    flipped = dsa.sparse_mla(q[:, 0], qr[:, 0], kv, table, idx.flip(-1), num_splits=1)
+    q, qr, kv, table = _decode_attn_args(c)
+    got = dsa.sparse_mla(q, qr, kv, table, idx, num_splits=2)
+    torch.testing.assert_close(got, dsa.sparse_mla_ref(q, qr, kv, table, idx), rtol=1e-5, atol=1e-5)
+    flipped = dsa.sparse_mla(q, qr, kv, table, idx.flip(-1), num_splits=1)
     torch.testing.assert_close(flipped, got, rtol=1e-5, atol=1e-6)
 
 
