@@ -310,26 +310,6 @@ def _check_int_tensor(name: str, t, ndim: int, shape: tuple, dev) -> None:
         )
 
 
-def _check_indexer_config(config) -> None:
-    """``config = (BLOCK_T, BLOCK_S, num_warps, num_stages)``: BLOCK_T a power of two, BLOCK_S a
-    power of two >= 16."""
-    if config is None:
-        return
-    ok = (
-        isinstance(config, tuple)
-        and len(config) == 4
-        and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in config)
-        and not config[0] & (config[0] - 1)
-        and config[1] >= 16
-        and not config[1] & (config[1] - 1)
-    )
-    if not ok:
-        raise ValueError(
-            "config must be (BLOCK_T, BLOCK_S, num_warps, num_stages) with BLOCK_T a power of "
-            f"two and BLOCK_S a power of two >= 16, got {config!r}"
-        )
-
-
 def lightning_indexer(
     q_idx: torch.Tensor,
     k_idx_cache: torch.Tensor,
@@ -388,7 +368,7 @@ def lightning_indexer(
         raise ValueError(
             f"n_ctx must be an int in [0, the block table's capacity {capacity}], got {n_ctx!r}"
         )
-    _check_indexer_config(config)
+    mla.check_config(config, ("BLOCK_T", "BLOCK_S"), min_first=1)
     # The grid's y and z axes (query tiles, key tiles) hold at most 65,535 programs on a GPU
     # (the interpreter has no limit): the smallest tiles the autotuner may pick set the bound.
     max_t, max_s = 65535 * (config[0] if config else 1), 65535 * (config[1] if config else 32)
@@ -405,10 +385,10 @@ def lightning_indexer(
             raise ValueError(
                 f"positions must lie in [-1, n_ctx - 1 = {n_ctx - 1}], got values in [{lo}, {hi}]"
             )
-        n_used = (positions.long().amax(1) + page) // page  # blocks up to the last position
-        cols = torch.arange(block_table.shape[1], device=block_table.device)
-        paged_attention.check_block_ids(
-            block_table, cols[None, :] < n_used[:, None], num_blocks, pool="k_idx_cache"
+        # A sequence reads its keys up to its last position: that length's blocks (the length
+        # itself is within the capacity, since hi < n_ctx).
+        paged_attention.check_lengths_and_blocks(
+            block_table, positions.amax(1) + 1, num_blocks, page, pool="k_idx_cache"
         )
 
     out = torch.empty(n_seqs, n_queries, n_ctx, device=q_idx.device, dtype=torch.float32)
@@ -713,6 +693,28 @@ def sparse_mla_flops(
     return mla.mla_decode_flops(n_queries, topk, n_heads, r, d_rope)
 
 
+def prefill_flops(
+    chunk: int,
+    context: int,
+    topk: int = 2048,
+    n_heads: int = 128,
+    r: int = 512,
+    d_rope: int = 64,
+    n_idx_heads: int = 64,
+    d_idx: int = 128,
+) -> tuple[int, int]:
+    """FLOPs of a chunk of ``chunk`` queries at the end of a ``context``-token sequence, as
+    ``(dense, dsa)``: dense causal attention in the non-absorbed form (per-head keys of d_nope +
+    d_rope and values of d_v, d_nope = d_v = min(128, r)) over every causal pair, and DSA (the
+    indexer over every causal pair, sparse MLA over ``topk`` rows per query)."""
+    # Causal pairs: query t (position context - chunk + t) sees context - chunk + t + 1 keys.
+    pairs = chunk * (context - chunk) + chunk * (chunk + 1) // 2
+    d_nope = d_v = min(128, r)
+    dense = 2 * n_heads * pairs * (d_nope + d_rope + d_v)
+    indexer = 2 * pairs * n_idx_heads * d_idx
+    return dense, indexer + sparse_mla_flops(topk, chunk, n_heads, r, d_rope)
+
+
 def decode_stage_costs(
     context: int,
     batch: int,
@@ -766,12 +768,13 @@ def dsa_decode_time_s(
     peak): the indexer (at ``tflops_index``, the FP8 peak, default the bf16 one), the top-k (reads
     the scores), sparse MLA, their ``dsa`` total, and ``dense`` MLA decode over the whole context
     (the counts of ``decode_stage_costs``, in bf16)."""
-    bw, peak = bandwidth_gbps * 1e9, tflops_bf16 * 1e12
-    idx_peak = (tflops_index or tflops_bf16) * 1e12
+    idx_peak = tflops_index or tflops_bf16
     cost = decode_stage_costs(context, batch, topk=topk, key_bytes=key_bytes, n_heads=n_heads,
                               r=r, d_rope=d_rope, n_idx_heads=n_idx_heads, d_idx=d_idx)  # fmt: skip
     t = {
-        stage: max(nbytes / bw, flops / (idx_peak if stage == "indexer" else peak))
+        stage: mla.roof_time_s(
+            nbytes, flops, bandwidth_gbps, idx_peak if stage == "indexer" else tflops_bf16
+        )[0]
         for stage, (nbytes, flops) in cost.items()
     }
     t["dsa"] = t["indexer"] + t["topk"] + t["sparse"]
@@ -814,18 +817,20 @@ def dsa_case(
     dtype: torch.dtype = torch.bfloat16,
     idx_dtype: torch.dtype | None = None,
     seed: int = 0,
+    exact_table: bool = False,
     dev=None,
 ):
     """Random inputs of a DSA step over sequences of ``seq_lens`` cached tokens, with the last
     ``n_queries`` tokens of each as the queries (decode: 1). Returns a dict with ``q_latent,
     q_rope`` ``[B, T, H, ·]``, ``kv_cache``, ``q_idx [B, T, H_I, d_I]``, ``k_idx_cache``, ``w``,
-    ``block_table``, ``seq_lens``, ``positions [B, T]`` (``seq_len - T + t``; -1 … for a sequence
-    shorter than T)."""
+    ``block_table`` (``exact_table``: as ``mla.decode_case``'s), ``seq_lens``,
+    ``positions [B, T]`` (``seq_len - T + t``; -1 … for a sequence shorter than T)."""
     dev = dev or device.DEVICE
     idx_dtype = idx_dtype or dtype
     q_lat, _, kv, table, lens = mla.decode_case(
-        seq_lens, n_heads, r, d_rope, block_size=block_size, dtype=dtype, seed=seed, dev=dev
-    )
+        seq_lens, n_heads, r, d_rope, block_size=block_size, dtype=dtype, seed=seed,
+        exact_table=exact_table, dev=dev,
+    )  # fmt: skip
     n = len(seq_lens)
     q_lat = mla.randn(n, n_queries, n_heads, r, dtype=dtype, seed=seed + 11, dev=dev)
     q_rope = mla.randn(n, n_queries, n_heads, d_rope, dtype=dtype, seed=seed + 12, dev=dev)
@@ -920,8 +925,8 @@ COMPILE_SPECS = [
 def _decode_records(batch, context, topk, shapes, dtype, copy, peak, idx_peak) -> list[dict]:
     h, r, dr, hi, di = shapes
     idx_dtype = indexer_dtype()
-    c = dsa_case([context] * batch, h, r, dr, hi, di, dtype=dtype, idx_dtype=idx_dtype)
-    c["block_table"] = c["block_table"][:, : context // 64].contiguous()
+    c = dsa_case([context] * batch, h, r, dr, hi, di, dtype=dtype, idx_dtype=idx_dtype,
+                 exact_table=True)  # fmt: skip
     q_lat, q_rope = c["q_latent"][:, 0], c["q_rope"][:, 0]
     q_idx, w = c["q_idx"][:, 0], c["w"][:, 0]
     kv, kidx, table, lens = c["kv_cache"], c["k_idx_cache"], c["block_table"], c["seq_lens"]
@@ -997,16 +1002,12 @@ def _prefill_records(chunk, context, topk, shapes, dtype, copy, peak) -> list[di
     h, r, dr, hi, di = shapes
     shape = [1, chunk, context, topk, h, r, dr, hi, di]
     d_nope, d_v = min(128, r), min(128, r)
-    # Causal pairs: query t (position context - chunk + t) sees context - chunk + t + 1 keys.
-    pairs = chunk * (context - chunk) + chunk * (chunk + 1) // 2
-    dense_f = 2 * h * pairs * (d_nope + dr + d_v)
+    dense_f, f = prefill_flops(chunk, context, topk, h, r, dr, hi, di)
     backend, dense = _dense_causal_prefill(chunk, context, h, d_nope + dr, d_v, dtype, dense_f)
     c = dsa_case([context], h, r, dr, hi, di, n_queries=chunk, dtype=dtype,
-                 idx_dtype=indexer_dtype())  # fmt: skip
-    c["block_table"] = c["block_table"][:, : context // 64].contiguous()
+                 idx_dtype=indexer_dtype(), exact_table=True)  # fmt: skip
     keys = ("q_latent", "q_rope", "kv_cache", "q_idx", "k_idx_cache", "w", "block_table")
     args = [c[n] for n in keys] + [c["positions"]]
-    f = 2 * pairs * hi * di + sparse_mla_flops(topk, chunk, h, r, dr)  # indexer + attention
     full = bench.measure(lambda: dsa_prefill(*args, topk), flops=f)
     if dense is None:
         print("dsa prefill: no fused SDPA backend takes a bottom-right causal mask here")

@@ -347,19 +347,28 @@ def _dot_pad(n: int) -> int:
     return max(16, next_power_of_2(n))
 
 
-def check_config(config) -> None:
-    """``config = (BLOCK_H, BLOCK_N, num_warps, num_stages)``: tiles powers of two >= 16."""
+def check_config(
+    config, tiles: tuple[str, str] = ("BLOCK_H", "BLOCK_N"), min_first: int = 16
+) -> None:
+    """``config = (tile, tile, num_warps, num_stages)`` (default ``(BLOCK_H, BLOCK_N, ...)``):
+    positive ints, both tiles powers of two, the second >= 16 (a tl.dot dimension) and the first
+    >= ``min_first`` (16 for MLA's head block, the dot's M; ``dsa``'s indexer passes 1 for its
+    query tile, whose dot rows are BLOCK_T x the padded index heads)."""
     if config is None:
         return
     if not (
         isinstance(config, tuple)
         and len(config) == 4
         and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in config)
-        and all(c >= 16 and not c & (c - 1) for c in config[:2])
+        and all(not c & (c - 1) for c in config[:2])
+        and config[0] >= min_first
+        and config[1] >= 16
     ):
+        first, second = tiles
+        at_least = f" >= {min_first}" if min_first > 1 else ""
         raise ValueError(
-            "config must be (BLOCK_H, BLOCK_N, num_warps, num_stages) with BLOCK_H and BLOCK_N "
-            f"powers of two >= 16, got {config!r}"
+            f"config must be ({first}, {second}, num_warps, num_stages) with {first} a power of "
+            f"two{at_least} and {second} a power of two >= 16, got {config!r}"
         )
 
 
@@ -554,10 +563,6 @@ class AbsorbedMLA:
     w_uk: torch.Tensor
     w_uv: torch.Tensor
 
-    @property
-    def n_heads(self) -> int:
-        return self.w_uk.shape[0]
-
     def query(self, q_nope: torch.Tensor) -> torch.Tensor:
         """``q_nope: [B, H, d_nope]`` -> ``q_latent: [B, H, r]`` (one batched matmul over heads:
         ``2·B·H·d_nope·r`` FLOPs per step)."""
@@ -579,11 +584,11 @@ def absorb(w_uk: torch.Tensor, w_uv: torch.Tensor, n_heads: int) -> AbsorbedMLA:
     W_UK[h]) · c``; the value is ``W_V[h] c`` and ``Σ p v = (Σ p c) W_V[h]ᵀ``, so the output side
     stores ``W_UV[h] = W_V[h]ᵀ: [r, d_v]``. DeepSeek-V3: H = 128, d_nope = d_v = 128, r = 512.
     """
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
     for name, w in (("w_uk", w_uk), ("w_uv", w_uv)):
         if not isinstance(w, torch.Tensor) or w.ndim != 2:
             raise ValueError(f"{name} must be a 2-D [H * d, r] tensor (an nn.Linear weight)")
-        if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
-            raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
         if w.shape[0] % n_heads:
             raise ValueError(
                 f"{name}'s rows ({w.shape[0]}) must be a multiple of n_heads ({n_heads})"
@@ -761,10 +766,16 @@ def mla_decode_roof_s(
 ) -> tuple[float, str]:
     """The roofline time of one decode step, max(bytes / bandwidth, FLOPs / peak), and which roof
     binds ('memory' or 'compute')."""
-    t_mem = mla_decode_bytes(batch, context, n_heads, r, d_rope, dtype_bytes) / (
-        bandwidth_gbps * 1e9
-    )
-    t_cmp = mla_decode_flops(batch, context, n_heads, r, d_rope) / (tflops * 1e12)
+    nbytes = mla_decode_bytes(batch, context, n_heads, r, d_rope, dtype_bytes)
+    flops = mla_decode_flops(batch, context, n_heads, r, d_rope)
+    return roof_time_s(nbytes, flops, bandwidth_gbps, tflops)
+
+
+def roof_time_s(nbytes: int, flops: int, bandwidth_gbps: float, tflops: float) -> tuple[float, str]:
+    """The roofline time of any work, max(bytes / bandwidth, FLOPs / peak) in seconds, and which
+    roof binds ('memory' or 'compute'). One home for the max: MLA's and DSA's cost models and the
+    benchmarks' ceilings use it."""
+    t_mem, t_cmp = nbytes / (bandwidth_gbps * 1e9), flops / (tflops * 1e12)
     return (t_mem, "memory") if t_mem >= t_cmp else (t_cmp, "compute")
 
 
@@ -781,11 +792,14 @@ def decode_case(
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     spare_blocks: int = 2,
+    exact_table: bool = False,
     dev=None,
 ):
     """Random ``(q_latent, q_rope, kv_cache, block_table, seq_lens)`` with each sequence's blocks
     scattered over a pool (block 0 unused, a few spare blocks). Every table row has one column
-    more than its longest sequence needs, pointing at a real block."""
+    more than its longest sequence needs, pointing at a real block; with ``exact_table`` the table
+    stops at the longest sequence's last block (for timing: the eager baselines gather the
+    table's whole capacity)."""
     dev = torch.device(dev or device.DEVICE)
     g = torch.Generator().manual_seed(seed)
     n = len(seq_lens)
@@ -793,6 +807,8 @@ def decode_case(
     num_blocks = 1 + n * per_seq + spare_blocks
     perm = torch.randperm(num_blocks - 1, generator=g)[: n * per_seq] + 1
     table = perm.view(n, per_seq).to(torch.int32)
+    if exact_table:
+        table = table[:, : per_seq - 1].contiguous()
     lens = torch.tensor(list(seq_lens), dtype=torch.int32)
     return (
         randn(n, n_heads, r, dtype=dtype, seed=seed + 1, dev=dev),
@@ -899,17 +915,14 @@ def _roof(
     """The benchmark's ceiling as a record wants it (GB/s, since records carry GB/s): the bytes
     over the roofline time max(bytes / copy bandwidth, FLOPs / matmul peak), named after the roof
     that binds."""
-    t_mem, t_cmp = nbytes / (copy_gbps * 1e9), flops / (peak_tflops * 1e12)
-    name = "roof:copy" if t_mem >= t_cmp else f"roof:{peak_name}"
-    return name, nbytes / max(t_mem, t_cmp) / 1e9
+    t, bound = roof_time_s(nbytes, flops, copy_gbps, peak_tflops)
+    return ("roof:copy" if bound == "memory" else f"roof:{peak_name}"), nbytes / t / 1e9
 
 
 def _mla_records(batch, context, n_heads, r, d_rope, dtype, copy_gbps, peak, naive) -> list[dict]:
     q_lat, q_rope, kv, table, lens = decode_case(
-        [context] * batch, n_heads, r, d_rope, dtype=dtype, spare_blocks=0
+        [context] * batch, n_heads, r, d_rope, dtype=dtype, spare_blocks=0, exact_table=True
     )
-    # Tables sized to the context exactly: the baselines gather the table's whole capacity.
-    table = table[:, : context // 64].contiguous()
     nbytes = mla_decode_bytes(batch, context, n_heads, r, d_rope, dtype.itemsize)
     flops = mla_decode_flops(batch, context, n_heads, r, d_rope)
     ceiling = _roof(nbytes, flops, copy_gbps, peak)

@@ -325,7 +325,7 @@ def check_lengths_and_blocks(
 ) -> None:
     """The checks that read values (debug mode on a GPU; always on the CPU): every length within
     the block table's capacity and every block id a sequence reads inside the pool. Shared by every
-    paged kernel (paged_decode, mla_decode)."""
+    paged kernel (paged_decode, mla_decode, dsa.lightning_indexer)."""
     if seq_lens.numel() == 0:
         return
     capacity = block_table.shape[1] * page

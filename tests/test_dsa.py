@@ -16,6 +16,11 @@ def _attn_args(c):
     return c["q_latent"], c["q_rope"], c["kv_cache"], c["block_table"]
 
 
+def _decode_attn_args(c):
+    """``_attn_args`` in the decode layout: the one query of each sequence, ``[B, H, ·]``."""
+    return c["q_latent"][:, 0], c["q_rope"][:, 0], c["kv_cache"], c["block_table"]
+
+
 # ----------------------------------------------------------------------------- indexer
 
 
@@ -46,7 +51,9 @@ def test_indexer_fp16_and_n_ctx():
     assert got.shape == (2, 2, 50)
     fin = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(got), fin)
-    assert rel_err(got[fin], ref[fin]) < 2e-3
+    # fp16 products are exact in the dot's fp32 accumulator and all that follows is fp32: only
+    # the summation order differs from the reference (0 in the interpreter).
+    assert rel_err(got[fin], ref[fin]) < 1e-4
 
 
 def test_indexer_dtype_follows_the_device():
@@ -98,11 +105,10 @@ def test_topk_is_the_reference_set(k):
     scores = torch.randperm(4 * 2 * 48, generator=g).view(4, 2, 48).float()
     scores = scores.masked_fill(torch.arange(48) > positions[..., None], float("-inf"))
     scores, positions = scores.to(device.DEVICE), positions.to(device.DEVICE)
-    c = {"positions": positions}
-    idx = dsa.topk_indices(scores, k, c["positions"])
+    idx = dsa.topk_indices(scores, k, positions)
     assert idx.shape == (4, 2, k) and idx.dtype == _I32
-    for got, want, pos in zip(idx.reshape(-1, k), _topk_ref(scores, k, c["positions"]),
-                              c["positions"].reshape(-1).tolist()):  # fmt: skip
+    for got, want, pos in zip(idx.reshape(-1, k), _topk_ref(scores, k, positions),
+                              positions.reshape(-1).tolist()):  # fmt: skip
         real = got[got >= 0].tolist()
         assert set(real) == want and len(real) == len(want)  # distinct, and the same set
         assert len(real) == min(k, pos + 1)  # padded with -1 when the context is short
@@ -148,8 +154,7 @@ def test_sparse_mla_matches_reference(seq_lens, n_queries, n_heads, r, d_rope, p
     idx = _random_indices(seq_lens, n_queries, k, c["positions"].cpu(), seed=k)
     args = _attn_args(c)
     if n_queries == 1:  # the decode layout: [B, H, ·] and indices [B, k]
-        args = (args[0][:, 0], args[1][:, 0], *args[2:])
-        idx = idx[:, 0]
+        args, idx = _decode_attn_args(c), idx[:, 0]
     got = dsa.sparse_mla(*args, idx, num_splits=splits, config=latent_config(dtype, k == 24))
     ref = dsa.sparse_mla_ref(*args, idx)
     assert got.shape == args[0].shape and got.dtype == dtype
@@ -163,11 +168,10 @@ def test_sparse_mla_batch_of_33_and_order_independence():
     lens = torch.randint(0, 30, (33,), generator=g).tolist()
     c = dsa.dsa_case(lens, 3, 16, 16, 2, 16, block_size=4, dtype=torch.float32)
     idx = _random_indices(lens, 1, 12, c["positions"].cpu(), seed=3)[:, 0]
-    q, qr, kv, table = _attn_args(c)
-    got = dsa.sparse_mla(q[:, 0], qr[:, 0], kv, table, idx, num_splits=2)
-    torch.testing.assert_close(got, dsa.sparse_mla_ref(q[:, 0], qr[:, 0], kv, table, idx),
-                               rtol=1e-5, atol=1e-5)  # fmt: skip
-    flipped = dsa.sparse_mla(q[:, 0], qr[:, 0], kv, table, idx.flip(-1), num_splits=1)
+    q, qr, kv, table = _decode_attn_args(c)
+    got = dsa.sparse_mla(q, qr, kv, table, idx, num_splits=2)
+    torch.testing.assert_close(got, dsa.sparse_mla_ref(q, qr, kv, table, idx), rtol=1e-5, atol=1e-5)
+    flipped = dsa.sparse_mla(q, qr, kv, table, idx.flip(-1), num_splits=1)
     torch.testing.assert_close(flipped, got, rtol=1e-5, atol=1e-6)
 
 
@@ -177,7 +181,7 @@ def test_sparse_mla_batch_of_33_and_order_independence():
 def test_dsa_decode_with_k_past_the_context_is_dense_mla():
     """With k >= every context, DSA keeps every token: it must equal dense MLA decode."""
     c = dsa.dsa_case([1, 37, 0, 20], 16, 32, 16, 3, 16, block_size=8, dtype=torch.float32)
-    q, qr, kv, table = (t[:, 0] if t.ndim == 4 else t for t in _attn_args(c))
+    q, qr, kv, table = _decode_attn_args(c)
     got = dsa.dsa_decode(q, qr, kv, c["q_idx"][:, 0], c["k_idx_cache"], c["w"][:, 0], table,
                          c["seq_lens"], topk=64)  # fmt: skip
     torch.testing.assert_close(got, mla.mla_decode_ref(q, qr, kv, table, c["seq_lens"]),
@@ -216,6 +220,10 @@ def test_cost_model():
     assert dsa.indexer_flops(1000) == 2 * 1000 * 64 * 128
     assert dsa.indexer_bytes(1000, key_bytes=1) == 1000 * 128 + 64 * 128 + 4 * 1000
     assert dsa.sparse_mla_flops(2048) == mla.mla_decode_flops(1, 2048)
+    # A chunk of 4 queries ending a 10-token context: 4 * 6 + (1 + 2 + 3 + 4) = 34 causal pairs.
+    dense, sparse = dsa.prefill_flops(4, 10, 8, n_heads=2, r=16, d_rope=8, n_idx_heads=3, d_idx=16)
+    assert dense == 2 * 2 * 34 * (16 + 8 + 16)
+    assert sparse == 2 * 34 * 3 * 16 + dsa.sparse_mla_flops(8, 4, 2, 16, 8)
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -250,6 +258,9 @@ def test_indexer_bad_input():
             dsa.lightning_indexer(*args)
     with pytest.raises(ValueError, match="n_ctx"):
         dsa.lightning_indexer(q, k, w, table, pos, n_ctx=10**6)
+    for config in ((3, 32, 4, 1), (2, 8, 4, 1), (2, 32, 4), (2, 32, True, 1)):
+        with pytest.raises(ValueError, match="config must be \\(BLOCK_T, BLOCK_S"):
+            dsa.lightning_indexer(q, k, w, table, pos, config=config)
     # More query tiles than a GPU grid axis holds (65,535): refused before the launch.
     n = 65536
     with pytest.raises(ValueError, match="q_idx holds 65536 queries"):
@@ -271,7 +282,7 @@ def test_topk_bad_input():
 
 def test_sparse_mla_bad_input():
     c = _small()
-    q, qr, kv, table = (t[:, 0] if t.ndim == 4 else t for t in _attn_args(c))
+    q, qr, kv, table = _decode_attn_args(c)
     idx = torch.zeros(2, 4, dtype=_I32, device=device.DEVICE)
     capacity = table.shape[1] * 4
     bad_table = table.clone()
@@ -293,7 +304,7 @@ def test_sparse_mla_bad_input():
 
 def test_sparse_mla_bad_values_give_nan_without_the_checks(monkeypatch):
     c = _small()
-    q, qr, kv, table = (t[:, 0] if t.ndim == 4 else t for t in _attn_args(c))
+    q, qr, kv, table = _decode_attn_args(c)
     idx = torch.tensor([[0, 3, -1, 9], [1, 4, 2, -1]], dtype=_I32, device=device.DEVICE)
     want = dsa.sparse_mla(q, qr, kv, table, idx, num_splits=1)
     monkeypatch.setattr(dsa._validate, "check_values", lambda *t: False)

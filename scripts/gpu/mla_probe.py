@@ -105,8 +105,9 @@ def sweep() -> None:
 
 
 def sweep_shape(batch: int, ctx: int, copy: float, peak: float) -> None:
-    q, qr, kv, table, sl = mla.decode_case([ctx] * batch, H, R, ROPE, dtype=DTYPE, spare_blocks=0)
-    table = table[:, : ctx // 64].contiguous()
+    q, qr, kv, table, sl = mla.decode_case(
+        [ctx] * batch, H, R, ROPE, dtype=DTYPE, spare_blocks=0, exact_table=True
+    )
     nbytes = mla.mla_decode_bytes(batch, ctx)
     roof_s, which = mla.mla_decode_roof_s(batch, ctx, copy, peak)
     eager = bench.measure(lambda: mla.mla_decode_eager(q, qr, kv, table, sl), bytes=nbytes)
