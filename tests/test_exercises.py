@@ -197,7 +197,11 @@ def test_flash_without_the_max_overflows(tmp_path):
     )  # fmt: skip
     cases = grade.cases.flash_attention()
     msg = fails(grade.check, ns["flash_attention"], grade.refs.flash_attention, cases)
-    assert "scores of +-100s" in msg and "NaN or inf" in msg and "subtract the running max" in msg
+    # In the interpreter the +-100s case is the first to overflow; on a GPU the long case whose
+    # scores grow along the keys overflows first. Either way the grader names the missing max.
+    assert "NaN or inf" in msg and "subtract the running max" in msg
+    if not device.GPU_MODE:
+        assert "scores of +-100s" in msg
 
 
 def test_flash_without_the_rescale_is_caught_on_many_tiles(tmp_path):

@@ -162,7 +162,8 @@ def test_tma_falls_back_on_misaligned_views():
     assert matmul.describe(a, b).startswith("plain")
     with pytest.raises(ValueError, match="16-byte"):
         matmul.matmul(a, b, persistent=True)
-    aligned = base[8 : 8 + m * k].view(m, k).copy_(a)  # 16 bytes in: TMA applies
+    # 16 bytes in: TMA applies (a's values cloned first: the two views of base overlap)
+    aligned = base[8 : 8 + m * k].view(m, k).copy_(a.clone())
     assert matmul.tma_applies(aligned, b)
     assert _rel_err(out, matmul.matmul(aligned, b, persistent=False)) < 1e-3
     # rows of odd length: the plain kernel, unaligned

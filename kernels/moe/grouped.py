@@ -87,8 +87,19 @@ def _autotune_configs(gpu: list, cpu: tuple, names: tuple[str, str, str]) -> lis
     return [triton.Config(dict(zip(names, s[:3])), num_warps=s[3], num_stages=s[4]) for s in shapes]
 
 
-def _prune_swiglu(configs, named_args, **kwargs):
-    if not named_args.get("SWIGLU", kwargs.get("SWIGLU", False)):
+# fp32 inputs take full-precision dots, which Triton builds from FMAs rather than tensor cores: a
+# 128 x 128 tile unrolls into thousands of instructions per thread and ptxas spends minutes on each
+# config (the GPU suite stalled there). fp32 is the checking dtype, not a fast path: one small
+# tile, which compiles in seconds.
+_GPU_FP32_CONFIG = (64, 64, 32, 4, 2)
+
+
+def _prune(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    if args.get("FP32_EXACT") and not device.INTERPRET:
+        names = list(configs[0].kwargs)  # BLOCK_M, BLOCK_N, then BLOCK_K or BLOCK_R
+        return _autotune_configs([_GPU_FP32_CONFIG], _CPU_CONFIG, tuple(names))
+    if not args.get("SWIGLU", False):
         return configs
     kept = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 128 * 128]
     return kept or configs[:1]
@@ -320,7 +331,7 @@ _grouped_mm_tuned = triton.autotune(
         "stride_wk",
         "stride_wn",
     ],  # fmt: skip
-    prune_configs_by={"early_config_prune": _prune_swiglu},
+    prune_configs_by={"early_config_prune": _prune},
     pre_hook=_save_accumulator,  # y put back after every timed run of an accumulating variant
     post_hook=_restore_accumulator,
 )(_grouped_mm_kernel)
@@ -328,6 +339,7 @@ _grouped_mm_tuned = triton.autotune(
 _grouped_dw_tuned = triton.autotune(
     configs=_autotune_configs(_GPU_DW_CONFIGS, _CPU_DW_CONFIG, ("BLOCK_M", "BLOCK_N", "BLOCK_R")),
     key=["N", "K", "rows_bucket", "stride_ck", "stride_cn"],
+    prune_configs_by={"early_config_prune": _prune},
 )(_grouped_dw_kernel)
 
 
