@@ -93,7 +93,16 @@ def title(ax, what: str, *, gpu: str | None = None, dtype: str | None = None) ->
     detail = ", ".join(p for p in (gpu, dtype) if p)
     if detail:
         parts.append(detail)
-    ax.set_title("\n".join(parts) if len(what) + len(detail) > 60 else " · ".join(parts))
+    text = ax.set_title(" · ".join(parts))
+    if len(parts) > 1 and _wider_than_axes(text, ax):
+        ax.set_title("\n".join(parts))  # a panel of a 1 x 2 figure is half the column wide
+
+
+def _wider_than_axes(text, ax) -> bool:
+    # Measured with the figure's renderer on the axes as laid out before drawing (constrained
+    # layout then narrows them a little: hence the margin).
+    renderer = ax.figure.canvas.get_renderer()
+    return text.get_window_extent(renderer).width > 0.95 * ax.get_window_extent(renderer).width
 
 
 def gpu_name() -> str:

@@ -62,6 +62,19 @@ def test_title_names_the_gpu(styled):
     assert "NVIDIA H100 80GB HBM3" in ax.get_title() and "bf16" in ax.get_title()
 
 
+def test_titles_wrap_where_their_panel_is_too_narrow(styled):
+    what, gpu = "kept for backward, one layer", "NVIDIA H200"
+    fig, (left, right) = plotstyle.figure(1, 2)
+    plotstyle.title(left, what, gpu=gpu, dtype="bfloat16")
+    plotstyle.title(right, "step time", gpu=gpu)
+    assert left.get_title() == f"{what}\n{gpu}, bfloat16"  # one line would reach the next panel
+    assert right.get_title() == f"step time · {gpu}"
+    assert plotstyle.overlapping_texts(fig) == []
+    _fig, ax = plotstyle.figure()  # the whole column: one line
+    plotstyle.title(ax, what, gpu=gpu, dtype="bfloat16")
+    assert ax.get_title() == f"{what} · {gpu}, bfloat16"
+
+
 def _crowded(ax):
     """Twelve points packed into a corner, with labels as long as kernel names."""
     xs = [1.0 + 0.02 * i for i in range(12)]
