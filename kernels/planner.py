@@ -3,7 +3,8 @@
 ``plan(model, cluster, parallel, global_batch_tokens)`` answers "how much memory does each GPU need,
 and how long does a training step take" for one configuration; ``search`` enumerates every valid
 configuration for a GPU count and ranks them by step time; ``validate`` rebuilds the measured Act 5
-DDP/FSDP runs (``results/nvidia-h200.jsonl``) and compares.
+DDP/FSDP runs (``results/nvidia-h200.jsonl``) and compares, and ``validate_lab5d`` does the same
+for Lab 5d's recomputation steps, ring attention and sequence parallelism.
 
 Reused, not re-derived: parameter counts and forward FLOPs per token come from
 ``kernels.perfmodel`` (``TransformerConfig``, ``flops_per_token``), the pipeline bubble and the
@@ -49,6 +50,8 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from kernels import hardware
 from kernels.distributed import bubble_fraction, gpt_params, peak_in_flight
@@ -144,6 +147,22 @@ class Model:
             raise ValueError(f"model.top_k needs model.experts > 0, got top_k={self.top_k}")
         if self.params is not None:
             _positive_int("model.params", self.params)
+
+    @classmethod
+    def from_config(cls, cfg: TransformerConfig, seq: int) -> Model:
+        """The dense model of a ``perfmodel.TransformerConfig`` (the course's decoder shapes),
+        trained on sequences of ``seq`` tokens."""
+        return cls(
+            cfg.name,
+            cfg.n_layers,
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.d_ff,
+            cfg.vocab,
+            seq,
+            gated_mlp=cfg.gated_mlp,
+        )
 
     @property
     def config(self) -> TransformerConfig:
@@ -524,6 +543,41 @@ def ring_bytes(kind: str, nbytes: float, n: int) -> float:
     return (2 if kind == "all_reduce" else 1) * (n - 1) / n * nbytes
 
 
+def tp_block_comm_s(
+    act_bytes: float,
+    tp: int,
+    gbps: float,
+    latency_us: float = 0.0,
+    *,
+    sp: bool = False,
+    recompute: str = "none",
+) -> float:
+    """Exposed communication of one tensor-parallel block (attention or MLP) for one micro-batch,
+    forward and backward. TP all-reduces the activation (``act_bytes``, the whole ``[b, s, h]``)
+    once in forward, after the row-parallel matmul, and once in backward, for the block input's
+    gradient; once more when the forward is recomputed in full. With SP every all-reduce becomes a
+    reduce-scatter and an all-gather of the same tensor: the same bytes and ring steps. Not
+    charged: SP's backward all-gather of the column-parallel matmul's input for its weight
+    gradient, which Megatron-LM overlaps with the input-gradient matmul."""
+    _check_recompute(recompute)
+    if sp:
+        one = collective_s("reduce_scatter", act_bytes, tp, gbps, latency_us)
+        one += collective_s("all_gather", act_bytes, tp, gbps, latency_us)
+    else:
+        one = collective_s("all_reduce", act_bytes, tp, gbps, latency_us)
+    return (3 if recompute == "full" else 2) * one
+
+
+def cp_layer_comm_s(kv_bytes: float, cp: int, gbps: float, latency_us: float = 0.0) -> float:
+    """Ring attention's communication for one layer and one micro-batch: the K/V block a rank
+    holds (``kv_bytes``: K and V of its ``s/cp`` tokens) goes ``cp - 1`` hops round the ring in
+    forward; in backward the blocks go round again with their gradients: ``3 (cp - 1)`` sends of
+    ``kv_bytes`` between neighbours. The course's ring (``kernels.context_parallel``) sends more:
+    its ``dK, dV`` accumulators are fp32, twice a 16-bit block, and take ``cp`` hops, the last one
+    home."""
+    return 3 * (cp - 1) * collective_s("send", kv_bytes, 2, gbps, latency_us)
+
+
 def _group_gbps(cluster: Cluster, inner: int, size: int) -> float:
     """Bandwidth of a group of ``size`` ranks whose stride is ``inner`` (the product of the
     parallel degrees placed inside it)."""
@@ -605,14 +659,15 @@ def plan(
     s = model.seq // p.cp
     act = p.micro_batch * s * model.hidden * 2  # one bf16 [b, s/cp, h] activation
     layers = model.layers // p.pp  # per GPU
-    # TP: 2 all-reduces in forward (attention, MLP), 2 in backward, 2 more when the forward is
-    # recomputed in full; SP's reduce-scatter + all-gather move the same bytes.
-    tp_calls = layers * m * (6 if recompute == "full" else 4)
-    comm_tp = tp_calls * collective_s("all_reduce", act, p.tp, _group_gbps(c, 1, p.tp), alpha)
+    # TP: two blocks a layer (attention, MLP), each all-reducing one activation forward and back
+    # (SP: reduce-scatter + all-gather, the same bytes), once more under full recomputation.
+    tp_gbps = _group_gbps(c, 1, p.tp)
+    comm_tp = (
+        layers * m * 2 * tp_block_comm_s(act, p.tp, tp_gbps, alpha, sp=p.sp, recompute=recompute)
+    )
     # CP: K/V blocks travel cp - 1 hops per layer in forward, K/V and their gradients in backward.
     hop = p.micro_batch * s * 2 * (model.kv_heads * model.hidden // model.heads) // p.tp * 2
-    cp_gbps = _group_gbps(c, p.tp, p.cp)
-    comm_cp = layers * m * 3 * (p.cp - 1) * collective_s("send", hop, 2, cp_gbps, alpha)
+    comm_cp = layers * m * cp_layer_comm_s(hop, p.cp, _group_gbps(c, p.tp, p.cp), alpha)
     # EP: dispatch and combine all-to-alls, forward and backward, of top_k copies of each token.
     comm_ep = 0.0
     if p.ep > 1:
@@ -797,6 +852,134 @@ def validate(records: list[dict], gpu: str = "H200-SXM") -> dict:
             }
         )
     return {"mfu": mfu, "gpu": gpu, "rows": rows}
+
+
+# Lab 5d (notebooks/05d-context-and-memory.ipynb) on two GPUs of the same file: its step times of
+# the course's decoder under each recomputation policy, ring attention against one GPU, and
+# tensor-parallel blocks with sequence parallelism against TP alone.
+
+
+def _row(what: str, gpus: int, measured: float, predicted: float, unit: str) -> dict:
+    """One validation row; ``error`` is ``predicted / measured - 1`` (positive: the planner is
+    slower than the measurement)."""
+    return {
+        "variant": what,
+        "gpus": gpus,
+        "measured": measured,
+        "predicted": predicted,
+        "unit": unit,
+        "error": predicted / measured - 1,
+    }
+
+
+def _latest(records: list[dict], bench: str) -> list[dict]:
+    """The records of ``bench``, the last one of each variant and shape (a later run replaces an
+    earlier one), in the order they were first recorded."""
+    last = {(r["variant"], tuple(r["shape"])): r for r in records if r["bench"] == bench}
+    return list(last.values())
+
+
+def _measured_cluster(records: list[dict], gpu: str, n: int) -> Cluster:
+    """``n`` GPUs in one node at the NCCL all-reduce bus bandwidth measured on ``n`` GPUs."""
+    return Cluster(gpu, n, gpus_per_node=n, intra_gbps=_allreduce_busbw(records, n))
+
+
+def _n_gpus(variant: str) -> int:
+    return int(variant.rsplit("x", 1)[1])  # "tp+sp x2", "zigzag ring x2"
+
+
+def validate_recompute(records: list[dict], gpu: str = "H200-SXM") -> dict:
+    """Predict Lab 5d's selective and full recomputation steps from the step without.
+
+    ``activation_step`` records: forward+backward of the course's decoder (``kernels.decoder``'s
+    configuration named by the variant, ``shape = [b, s]``) on one GPU, no optimizer step, so
+    the prediction is ``plan``'s step less its optimizer. What ``plan`` charges recomputation is
+    ``train_flops_per_token(recompute)`` (and, under TP, the recomputed forward's all-reduces:
+    none on one GPU). The one calibrated constant is the ``mfu`` that reproduces the
+    ``recompute=none`` step. Returns ``{"mfu", "model", "rows"}``."""
+    from kernels import decoder  # its model shapes (imported here: it loads Triton kernels)
+
+    steps = _latest(records, "activation_step")
+    if not steps:
+        raise ValueError("records: no activation_step records")
+    name = steps[-1]["variant"].rsplit(" recompute=", 1)[0]
+    runs = {r["variant"].rsplit("=", 1)[1]: r for r in steps if r["variant"].startswith(f"{name} ")}
+    configs = {c.name: c for c in (decoder.BRRR_2B, decoder.TINY)}
+    if name not in configs or "none" not in runs:
+        raise ValueError(f"records: no recompute=none step of a known decoder, got {name!r}")
+    b, s = runs["none"]["shape"]
+    model = Model.from_config(configs[name], s)
+
+    def fwd_bwd_s(recompute: str, mfu: float) -> float:
+        pl = plan(
+            model, Cluster(gpu, 1), Parallel(micro_batch=b), b * s, recompute=recompute, mfu=mfu
+        )
+        return pl.step_s - pl.time["optimizer"]
+
+    mfu = fwd_bwd_s("none", 1.0) / (runs["none"]["ms"] / 1e3)  # compute scales as 1/mfu
+    rows = [
+        _row(f"{name} step, recompute={rc}", 1, r["ms"], fwd_bwd_s(rc, mfu) * 1e3, "ms")
+        for rc, r in runs.items()
+    ]
+    return {"mfu": mfu, "model": name, "rows": rows}
+
+
+def validate_ring(records: list[dict], gpu: str = "H200-SXM", overlap: float = 0.0) -> list[dict]:
+    """Predict Lab 5d's ring attention on ``n`` GPUs from one GPU's time at the same length.
+
+    ``ring_attention`` records: forward+backward of one causal attention ``shape = [b, H, N, d]``
+    (H heads with their own K and V), zig-zag split over ``n`` GPUs (``ms``) and on one GPU over
+    the whole sequence (``baseline_ms``). The planner's CP terms: the compute split evenly over
+    the ``n`` ranks (the zig-zag ring gives each exactly ``1/n`` of the causal FLOPs:
+    ``context_parallel.step_flops``), plus ``cp_layer_comm_s`` for one layer's K/V blocks at the
+    NCCL all-reduce bus bandwidth measured on ``n`` GPUs, ``1 - overlap`` of it exposed (0, the
+    planner's validation setting: nothing hidden)."""
+    if not 0 <= overlap <= 1:
+        raise ValueError(f"overlap must be in [0, 1], got {overlap!r}")
+    rows = []
+    for r in _latest(records, "ring_attention"):
+        n = _n_gpus(r["variant"])
+        b, heads, seq, d = r["shape"]
+        cluster = _measured_cluster(records, gpu, n)
+        kv = 2 * b * (seq // n) * heads * d * getattr(torch, r["dtype"]).itemsize
+        comm = cp_layer_comm_s(kv, n, cluster.intra_gbps, cluster.latency_us)
+        predicted = r["baseline_ms"] / n + (1 - overlap) * comm * 1e3
+        rows.append(_row(f"ring attention, N = {seq}", n, r["ms"], predicted, "ms"))
+    return rows
+
+
+def validate_sp(records: list[dict], gpu: str = "H200-SXM") -> list[dict]:
+    """Predict Lab 5d's TP+SP / TP time ratio of one tensor-parallel block.
+
+    ``sequence_parallel_mlp`` / ``sequence_parallel_attention`` records: forward+backward of the
+    block on ``shape = [s, b, h]`` over ``n`` GPUs with SP (``ms``) and without (``baseline_ms``).
+    The TP time anchors the block's compute (the TP time less its ``tp_block_comm_s``); with SP the
+    same compute runs with SP's ``tp_block_comm_s``, at the NCCL all-reduce bus bandwidth measured
+    on ``n`` GPUs. The planner charges both the same bytes, so it predicts a ratio of 1."""
+    rows = []
+    for block, name in (("mlp", "MLP"), ("attention", "attention")):
+        for r in _latest(records, f"sequence_parallel_{block}"):
+            n = _n_gpus(r["variant"])
+            s, b, h = r["shape"]
+            cluster = _measured_cluster(records, gpu, n)
+            act = s * b * h * getattr(torch, r["dtype"]).itemsize
+            tp, sp = (
+                tp_block_comm_s(act, n, cluster.intra_gbps, cluster.latency_us, sp=x) * 1e3
+                for x in (False, True)
+            )
+            tp_ms = r["baseline_ms"]
+            what = f"{name} block, h = {h}: TP+SP / TP time"
+            rows.append(_row(what, n, r["ms"] / tp_ms, (tp_ms - tp + sp) / tp_ms, "ratio"))
+    return rows
+
+
+def validate_lab5d(records: list[dict], gpu: str = "H200-SXM") -> dict:
+    """Lab 5d's rows: ``validate_recompute``, ``validate_ring`` and ``validate_sp``. Returns
+    ``{"mfu", "model", "gbps": {n: all-reduce bus bandwidth used}, "rows"}``."""
+    rc = validate_recompute(records, gpu)
+    rows = rc["rows"] + validate_ring(records, gpu) + validate_sp(records, gpu)
+    gbps = {r["gpus"]: _allreduce_busbw(records, r["gpus"]) for r in rows if r["gpus"] > 1}
+    return {"mfu": rc["mfu"], "model": rc["model"], "gbps": gbps, "rows": rows}
 
 
 def scaling_table(

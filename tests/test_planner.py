@@ -313,3 +313,170 @@ def test_scaling_figure_is_legible():
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert "nothing fits" in texts
     assert plotstyle.overlapping_texts(fig) == []
+
+
+# ----------------------------------------------------------------------------- Lab 5d's validation
+
+
+def _rec(bench, variant, shape, ms, baseline_ms=None, dtype="bfloat16", gbps=None):
+    return {
+        "bench": bench,
+        "variant": variant,
+        "shape": shape,
+        "dtype": dtype,
+        "ms": ms,
+        "baseline_ms": baseline_ms,
+        "gbps": gbps,
+    }
+
+
+# NCCL all-reduces on 2 GPUs: the largest message's bus bandwidth (80 GB/s) is the cluster's.
+NCCL_X2 = [
+    _rec("collectives_all_reduce", "nccl x2", [1024], 1.0, gbps=50.0),
+    _rec("collectives_all_reduce", "nccl x2", [4096], 1.0, gbps=80.0),
+    _rec("collectives_all_reduce", "nccl x4", [8192], 1.0, gbps=99.0),  # another GPU count
+]
+
+
+def test_tp_block_comm_by_hand():
+    nbytes, bw, alpha = 1e8, 100.0, 5.0
+    for n in (2, 4):
+        ar = 2 * (n - 1) * alpha * 1e-6 + 2 * (n - 1) / n * nbytes / (bw * 1e9)
+        assert P.tp_block_comm_s(nbytes, n, bw, alpha) == pytest.approx(2 * ar)
+        assert P.tp_block_comm_s(nbytes, n, bw, alpha, recompute="full") == pytest.approx(3 * ar)
+        # SP: a reduce-scatter and an all-gather, (n-1) steps and (n-1)/n of the bytes each
+        half = (n - 1) * alpha * 1e-6 + (n - 1) / n * nbytes / (bw * 1e9)
+        assert P.tp_block_comm_s(nbytes, n, bw, alpha, sp=True) == pytest.approx(2 * 2 * half)
+    assert P.tp_block_comm_s(nbytes, 1, bw, alpha) == 0
+    with pytest.raises(ValueError, match="recompute"):
+        P.tp_block_comm_s(nbytes, 2, bw, recompute="most")
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("recompute, per_layer", [("selective", 4), ("full", 6)])
+def test_plan_tp_comm_by_hand(sp, recompute, per_layer):
+    """TINY on 2 GPUs, tp = 2: an activation is 4 tokens × 8 wide × 2 bytes = 64 B; an all-reduce
+    over 2 sends half of 2 × 64 B; 4 all-reduces a layer (2 blocks, forward and back), 6 with the
+    forward recomputed; 2 layers."""
+    cluster = P.Cluster("H100-SXM", 2, latency_us=0)
+    pl = P.plan(TINY, cluster, P.Parallel(tp=2, sp=sp), 4, recompute=recompute)
+    assert pl.time["comm_tp"] == pytest.approx(2 * per_layer * 64 / (cluster.intra_gbps * 1e9))
+
+
+def test_cp_layer_comm_by_hand():
+    kv, bw, alpha = 1e6, 50.0, 5.0
+    for cp in (2, 3, 8):  # 3 (cp - 1) neighbour sends of the K/V block
+        expect = 3 * (cp - 1) * (alpha * 1e-6 + kv / (bw * 1e9))
+        assert P.cp_layer_comm_s(kv, cp, bw, alpha) == pytest.approx(expect)
+    assert P.cp_layer_comm_s(kv, 1, bw, alpha) == 0
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_zigzag_ring_does_one_nth_of_the_causal_flops(n):
+    """The planner splits CP's compute evenly; the zig-zag ring's own count agrees."""
+    from kernels import context_parallel as CP
+
+    b, h, seq, d = 1, 16, 96 * n, 128
+    ring = CP.step_flops(b, h, seq // n, d, n, causal=True)
+    assert ring / CP.step_flops(b, h, seq, d, 1, causal=True) == pytest.approx(1 / n)
+
+
+def _recompute_records(none_ms=10.0):
+    v = "tiny recompute="
+    return [
+        _rec("activation_step", v + "none", [1, 64], 99.0, 99.0),  # replaced by the later run
+        _rec("activation_step", v + "none", [1, 64], none_ms, none_ms),
+        _rec("activation_step", v + "selective", [1, 64], 11.0, none_ms),
+        _rec("activation_step", v + "full", [1, 64], 14.0, none_ms),
+    ]
+
+
+def test_validate_recompute_scales_the_none_step_by_flops():
+    from kernels import decoder
+
+    v = P.validate_recompute(_recompute_records())
+    model = P.Model.from_config(decoder.TINY, 64)
+    assert (model.layers, model.hidden, model.kv_heads, model.seq) == (2, 64, 2, 64)
+    f = {rc: model.train_flops_per_token(rc) for rc in P.RECOMPUTE}
+    peak = P.Cluster("H200-SXM", 1).peak_flops
+    assert v["mfu"] == pytest.approx(f["none"] * 64 / peak / 10e-3)  # compute = the none step
+    rows = {r["variant"].rsplit("=", 1)[1]: r for r in v["rows"]}
+    assert list(rows) == ["none", "selective", "full"] and v["model"] == "tiny"
+    # One GPU: no communication, and the optimizer step (not timed by the lab) is left out.
+    for rc, measured in (("none", 10.0), ("selective", 11.0), ("full", 14.0)):
+        predicted = 10.0 * f[rc] / f["none"]
+        assert rows[rc]["measured"] == measured and rows[rc]["unit"] == "ms"
+        assert rows[rc]["predicted"] == pytest.approx(predicted)
+        assert rows[rc]["error"] == pytest.approx(predicted / measured - 1)
+    assert rows["full"]["predicted"] == pytest.approx(10.0 * 4 / 3)  # 4 forwards against 3
+
+
+def test_validate_ring_halves_one_gpu_and_adds_the_sends():
+    records = NCCL_X2 + [
+        _rec("ring_attention", "zigzag ring x2", [1, 2, 64, 16], 6.0, 10.0, "float32"),
+        _rec("ring_attention", "zigzag ring x2", [1, 2, 128, 16], 30.0, 40.0, "float32"),
+    ]
+    rows = P.validate_ring(records)
+    assert [(r["variant"], r["gpus"]) for r in rows] == [
+        ("ring attention, N = 64", 2),
+        ("ring attention, N = 128", 2),
+    ]
+    for r, (tokens, one_ms, ring_ms) in zip(rows, [(32, 10.0, 6.0), (64, 40.0, 30.0)]):
+        kv = 2 * tokens * 2 * 16 * 4  # K and V of the local tokens, 2 heads of 16, fp32
+        sends = 3 * (5e-6 + kv / 80e9) * 1e3  # 3 (cp - 1) sends at 80 GB/s, 5 µs each
+        assert r["predicted"] == pytest.approx(one_ms / 2 + sends)
+        assert r["error"] == pytest.approx(r["predicted"] / ring_ms - 1)
+    hidden = P.validate_ring(records, overlap=1.0)
+    assert [r["predicted"] for r in hidden] == pytest.approx([5.0, 20.0])
+    with pytest.raises(ValueError, match="NCCL all-reduce"):
+        P.validate_ring(records[3:])  # no NCCL records on 2 GPUs
+    with pytest.raises(ValueError, match="overlap"):
+        P.validate_ring(records, overlap=2)
+
+
+def test_validate_sp_predicts_the_ratio_from_the_tp_time():
+    records = NCCL_X2 + [
+        _rec("sequence_parallel_mlp", "tp+sp x2", [64, 1, 32], 12.0, 10.0),
+        _rec("sequence_parallel_attention", "tp+sp x2", [64, 1, 32], 9.0, 10.0),
+    ]
+    rows = P.validate_sp(records)
+    act = 64 * 32 * 2  # one bf16 [s, b, h] activation
+    tp = 2 * (2 * 5e-6 + act / 80e9) * 1e3  # an all-reduce over 2, forward and backward
+    sp = 2 * 2 * (5e-6 + act / 2 / 80e9) * 1e3  # a reduce-scatter and an all-gather, each way
+    assert [r["variant"] for r in rows] == [
+        "MLP block, h = 32: TP+SP / TP time",
+        "attention block, h = 32: TP+SP / TP time",
+    ]
+    for r, measured in zip(rows, (1.2, 0.9)):
+        assert r["measured"] == pytest.approx(measured) and r["unit"] == "ratio"
+        assert r["predicted"] == pytest.approx((10.0 - tp + sp) / 10.0)
+        assert r["error"] == pytest.approx(r["predicted"] / measured - 1)
+
+
+def test_validate_lab5d_gathers_the_rows():
+    records = NCCL_X2 + _recompute_records()
+    records.append(_rec("ring_attention", "zigzag ring x2", [1, 2, 64, 16], 6.0, 10.0, "float32"))
+    v = P.validate_lab5d(records)
+    assert v["gbps"] == {2: 80.0} and v["model"] == "tiny"
+    assert [r["gpus"] for r in v["rows"]] == [1, 1, 1, 2]
+    with pytest.raises(ValueError, match="activation_step"):
+        P.validate_lab5d(NCCL_X2)
+
+
+def test_validation_against_lab5d_on_two_h200s():
+    """Lab 5d's H200 records. Reported: mfu 0.514 (the recompute=none step of brrr-1.7B);
+    selective -1.6%, full +0.7%; ring attention -9.6%, -4.8%, -4.0% at 32K, 64K, 128K tokens; SP/TP
+    ratio -0.1% (MLP), +0.4% (attention): every row within 20%."""
+    v = P.validate_lab5d(P.load_records())
+    assert v["mfu"] == pytest.approx(0.514, abs=0.001)
+    assert v["gbps"] == {2: pytest.approx(317.8)}
+    err = {r["variant"]: r["error"] for r in v["rows"]}
+    assert len(err) == 8
+    assert err["brrr-1.7B step, recompute=none"] == pytest.approx(0, abs=1e-9)
+    assert err["brrr-1.7B step, recompute=selective"] == pytest.approx(-0.016, abs=0.002)
+    assert err["brrr-1.7B step, recompute=full"] == pytest.approx(0.007, abs=0.002)
+    ring = [err[f"ring attention, N = {n}"] for n in (32768, 65536, 131072)]
+    assert ring == pytest.approx([-0.096, -0.048, -0.040], abs=0.002)
+    assert err["MLP block, h = 8192: TP+SP / TP time"] == pytest.approx(-0.001, abs=0.002)
+    assert err["attention block, h = 8192: TP+SP / TP time"] == pytest.approx(0.004, abs=0.002)
+    assert max(abs(e) for e in err.values()) < 0.2
