@@ -516,3 +516,17 @@ def test_sm90_build_loads_every_operand_in_16_byte_vectors():
     for name, c in json.loads(proc.stdout.splitlines()[-1]).items():
         assert c["b16_loads"] == 0, f"{name}: {c['b16_loads']} 2-byte scalar loads of an operand"
         assert c["cp_async"] > 0, f"{name}: operands not copied asynchronously"
+
+
+def test_fp32_builds_one_small_tile_on_a_gpu(monkeypatch):
+    # fp32's full-precision dots are FMAs: a 128-wide tile took ptxas minutes per config (the GPU
+    # suite stalled), so a GPU gets one 64 x 64 tile; bf16/fp16 keep the list, SWIGLU its pruned one.
+    monkeypatch.setattr(grouped.device, "INTERPRET", False)
+    configs = grouped._autotune_configs(grouped._GPU_DW_CONFIGS, grouped._CPU_DW_CONFIG,
+                                        ("BLOCK_M", "BLOCK_N", "BLOCK_R"))  # fmt: skip
+    (only,) = grouped._prune(configs, {}, FP32_EXACT=True)
+    assert only.kwargs == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_R": 32}
+    assert (only.num_warps, only.num_stages) == (4, 2)
+    assert grouped._prune(configs, {}, FP32_EXACT=False) == configs
+    kept = grouped._prune(configs, {"SWIGLU": True}, FP32_EXACT=False)
+    assert kept and all(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 128 * 128 for c in kept)

@@ -181,10 +181,9 @@ _RESCALE_HINT = (
     "this case has more than one K/V tile and a running max that grows from tile to tile: when m "
     "changes, rescale the old l and acc by alpha = exp(m_old - m_new) before adding the new tile"
 )
-_SCORES_HINT = (
-    "this case has scores in the hundreds: exp(s) overflows unless you subtract the running max "
-    "m before exponentiating (p = exp(s - m_new))"
-)
+_MAX_HINT = "subtract the running max m before exponentiating (p = exp(s - m_new))"
+_SCORES_HINT = f"this case has scores in the hundreds: exp(s) overflows unless you {_MAX_HINT}"
+_OVERFLOW_HINT = f"NaN or inf: exp(s) overflowed; {_MAX_HINT}"
 
 
 def _attention_says(hint: str | None):
@@ -193,9 +192,7 @@ def _attention_says(hint: str | None):
     def diagnose(out, ref, args):
         said = [hint] if hint else []
         if torch.isfinite(ref).all() and not torch.isfinite(out).all():
-            said.insert(
-                0, _SCORES_HINT.replace("this case has scores in the hundreds", "NaN or inf")
-            )
+            said.insert(0, _OVERFLOW_HINT)
         return said
 
     return diagnose

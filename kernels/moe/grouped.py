@@ -97,8 +97,9 @@ _GPU_FP32_CONFIG = (64, 64, 32, 4, 2)
 def _prune(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     if args.get("FP32_EXACT") and not device.INTERPRET:
+        *tile, warps, stages = _GPU_FP32_CONFIG
         names = list(configs[0].kwargs)  # BLOCK_M, BLOCK_N, then BLOCK_K or BLOCK_R
-        return _autotune_configs([_GPU_FP32_CONFIG], _CPU_CONFIG, tuple(names))
+        return [triton.Config(dict(zip(names, tile)), num_warps=warps, num_stages=stages)]
     if not args.get("SWIGLU", False):
         return configs
     kept = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 128 * 128]
