@@ -521,6 +521,8 @@ def test_sm90_build_loads_every_operand_in_16_byte_vectors():
 def test_fp32_builds_one_small_tile_on_a_gpu(monkeypatch):
     # fp32's full-precision dots are FMAs: a 128-wide tile took ptxas minutes per config (the GPU
     # suite stalled), so a GPU gets one 64 x 64 tile; bf16/fp16 keep the list, SWIGLU its pruned one.
+    from kernels.moe import grouped
+
     monkeypatch.setattr(grouped.device, "INTERPRET", False)
     configs = grouped._autotune_configs(grouped._GPU_DW_CONFIGS, grouped._CPU_DW_CONFIG,
                                         ("BLOCK_M", "BLOCK_N", "BLOCK_R"))  # fmt: skip
