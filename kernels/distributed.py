@@ -478,27 +478,37 @@ def peak_in_flight(schedule: str, p: int, m: int, stage: int) -> int:
 
 
 def plot_timeline(ax, ops: Sequence[PipeOp], title: str = "", unit: str = "") -> None:
-    """Draw ops as bars, one row per stage (stage 0 on top); forwards light, backwards dark."""
-    colors = {"F": "#8fb8de", "B": "#2c5d8a"}
+    """Draw ops as bars, one row per stage (stage 0 on top); forwards light, backwards dark.
+
+    The book's style (``kernels.plotstyle``): two blues of its palette, micro-batch numbers at its
+    smallest font size, written only on the bars wide enough to hold them (size ``ax`` first)."""
+    from kernels import plotstyle
+
+    colors = {"F": plotstyle.PALETTE[5], "B": plotstyle.PALETTE[0]}  # sky blue, blue
     t0 = min(o.start for o in ops)
     p = max(o.stage for o in ops) + 1
+    span = makespan(ops)
+    # Points per unit of time on this axes (constrained layout narrows it a little: hence 0.9), and
+    # the width a number needs: a digit is about 0.65 em, plus a little room on either side.
+    pt_per_unit = 0.9 * ax.get_window_extent().width * 72 / ax.figure.dpi / span
     for o in ops:
         y = p - 1 - o.stage
         ax.broken_barh([(o.start - t0, o.end - o.start)], (y - 0.4, 0.8), color=colors[o.kind])
-        if o.end - o.start > 0.02 * makespan(ops):
+        if (o.end - o.start) * pt_per_unit > 0.65 * plotstyle.SMALL_PT * len(str(o.micro)) + 3:
             ax.text(
                 (o.start + o.end) / 2 - t0,
                 y,
                 str(o.micro),
                 ha="center",
                 va="center",
-                fontsize=7,
+                fontsize=plotstyle.SMALL_PT,
                 color="black" if o.kind == "F" else "white",
             )
     ax.set_yticks(range(p), [f"stage {s}" for s in reversed(range(p))])
     ax.set_xlabel(f"time{f' ({unit})' if unit else ''}")
-    ax.set_xlim(0, makespan(ops))
-    ax.set_title(title, fontsize=9)
+    ax.set_xlim(0, span)
+    if title:
+        ax.set_title(title)
     ax.grid(False)
 
 
