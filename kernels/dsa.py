@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, mla, paged_attention, roofline, sdpa
+from kernels import _validate, bench, device, launch, mla, paged_attention, roofline, sdpa
 from kernels.launch import next_power_of_2
 from kernels.mla import _attend_tile, _store_partial
 
@@ -415,11 +415,13 @@ def lightning_indexer(
         def grid(m):
             return (n_seqs, triton.cdiv(n_queries, m["BLOCK_T"]), triton.cdiv(n_ctx, m["BLOCK_S"]))
 
-        _indexer_kernel[grid](*args, **meta)
+        launch.tuned(_indexer_kernel)(grid, args, **meta)
     else:
         bt, bs, nw, ns = config
         grid = (n_seqs, triton.cdiv(n_queries, bt), triton.cdiv(n_ctx, bs))
-        _indexer_kernel.fn[grid](*args, **meta, BLOCK_T=bt, BLOCK_S=bs, num_warps=nw, num_stages=ns)
+        launch.tuned(_indexer_kernel).fixed(
+            grid, args, **meta, BLOCK_T=bt, BLOCK_S=bs, num_warps=nw, num_stages=ns
+        )
     return out
 
 

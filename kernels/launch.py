@@ -1,4 +1,5 @@
-"""Launch helpers every kernel module shares: the SM count, occupancy, powers of two, log2(e).
+"""Launch helpers every kernel module shares: the SM count, occupancy, powers of two, log2(e),
+and a fast launch (``Launcher``, ``TunedLauncher``) that skips Triton's per-call argument binding.
 
 One home for each: a kernel module that needs the number of SMs, how many of its programs the GPU
 holds at once, or the next power of two imports it from here. The device queries are cached, so a
@@ -11,6 +12,7 @@ import functools
 
 import torch
 import triton
+from triton import knobs
 
 from kernels import device
 
@@ -81,3 +83,148 @@ def ptx_as_launched(spec: dict, unit_strides: tuple[str, ...] = (), cc: int = 90
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     target = GPUTarget("cuda", cc, 32)
     return triton.compile(src, target=target, options=spec.get("options")).asm["ptx"]
+
+
+# ----------------------------------------------------------------------------- the fast launch
+#
+# A decode step calls a norm on one [1, 4096] row, or attention on one query token, where the
+# kernel runs for a few µs and everything the host does per call is added to it. Triton's
+# ``kernel[grid](...)`` binds every argument, computes its specialisation key, hashes it and looks
+# the binary up on every call, and an autotuned kernel adds its own key and dictionary work on top:
+# tens of µs on a busy host. ``Launcher`` does that once per distinct call (the exact sizes,
+# strides, dtypes, pointer alignment and meta-parameters) and afterwards hands the arguments
+# straight to the compiled kernel's C launcher, as torch's own ops do. Setting ``FAST = False``
+# sends every launch through Triton's own path again (to measure what the fast path saves:
+# scripts/gpu/launch_probe.py).
+
+FAST = True
+
+
+def aligned(t: torch.Tensor) -> bool:
+    """Whether ``t``'s data pointer is 16-byte aligned: Triton compiles a separate binary (with
+    vector loads) for aligned pointers, so a ``Launcher`` key holds this bit for every input."""
+    return t.data_ptr() % 16 == 0
+
+
+def call_key(args: tuple, meta: dict) -> tuple:
+    """A ``Launcher`` key built from the arguments themselves: each tensor's dtype and alignment,
+    each int's and bool's value and type (Triton specialises on ints equal to 1 and multiples of 16), None
+    as itself, floats by type only (never specialised on), then the meta-parameters. Costs a few
+    µs for two dozen arguments; a hot path that knows which of its arguments vary builds a
+    shorter key itself."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif isinstance(a, float):
+            key.append(float)
+        elif isinstance(a, bool):  # a bool is an int to Python, not to Triton's signature
+            key.append((bool, a))
+        else:
+            key.append(a)
+    return (*key, *sorted(meta.items()))
+
+
+class Launcher:
+    """Launch a ``@triton.jit`` kernel, skipping Triton's per-call binding once a call was seen.
+
+    ``launcher(key, grid, args, **meta)`` runs ``kernel[grid](*args, **meta)``. ``args`` are the
+    kernel's run-time arguments in signature order, ``meta`` its ``tl.constexpr`` parameters and
+    launch options (``num_warps``). ``key`` must determine everything Triton specialises a binary
+    on: the dtypes of the tensors, the 16-byte alignment of every pointer, the integer arguments
+    (their exact values will do) and ``meta`` (``call_key`` builds one); the launcher adds the
+    device. ``grid`` is a tuple, or a function of the meta-parameters (the config's included, for
+    ``TunedLauncher``) returning one. The first call of a key goes through Triton (compiling if
+    needed) and keeps the compiled kernel; later calls of that key pass the arguments to its C
+    launcher directly. In the interpreter every call goes through Triton. Returns Triton's compiled
+    kernel (None in the interpreter)."""
+
+    MAX_KEYS = 4096  # distinct calls kept per kernel; past it the cache starts over
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.cache: dict = {}
+
+    def __call__(self, key, grid, args, **meta):
+        if not (device.GPU_MODE and FAST):
+            return self.fn[grid](*args, **meta)
+        dev = torch.cuda.current_device()
+        hit = self.cache.get((dev, key))
+        # A profiler's launch hooks (Proton, for one) want Triton's own path and its metadata.
+        if hit is None or knobs.runtime.launch_enter_hook.calls:
+            return self._first(dev, key, grid, args, meta)
+        compiled, tail, full_meta, config = hit
+        if config is not None:
+            self.fn.best_config = (
+                config  # what the autotuner would have set: "the tile chosen last"
+            )
+        if callable(grid):
+            grid = grid(full_meta)
+        try:
+            compiled.run(
+                grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                torch._C._cuda_getCurrentRawStream(dev), compiled.function,
+                compiled.packed_metadata, None, None, None, *args, *tail,
+            )  # fmt: skip
+        except (TypeError, SystemError):
+            # The C launcher refused the arguments (it parses them before launching anything):
+            # go through Triton, which compiles for them or raises a clear error.
+            del self.cache[(dev, key)]
+            return self._first(dev, key, grid, args, meta)
+        return compiled
+
+    def _first(self, dev, key, grid, args, meta):
+        compiled = self.fn[grid](*args, **meta)
+        self._keep(dev, key, compiled, args, meta)
+        return compiled
+
+    def _keep(self, dev, key, compiled, args, meta, config=None):
+        # The C launcher takes every parameter in signature order, constexprs included (it skips
+        # them): keep the constexpr values to append after the run-time arguments.
+        params = self._jit().params
+        assert not any(p.is_constexpr for p in params[: len(args)]), (
+            f"{self._jit().__name__}: run-time arguments must precede the constexpr parameters"
+        )
+        tail = tuple(meta[p.name] for p in params[len(args) :])
+        if len(self.cache) >= self.MAX_KEYS:
+            self.cache.clear()
+        self.cache[(dev, key)] = (compiled, tail, meta, config)
+
+    def _jit(self):
+        return self.fn
+
+
+class TunedLauncher(Launcher):
+    """A ``Launcher`` for an ``@triton.autotune`` kernel. The first call of a key goes through the
+    autotuner (which benchmarks its configs the first time it meets its own tuning key) and keeps
+    the binary of the config it chose; later calls of the key launch that binary directly, with
+    the config's meta-parameters (``grid`` may be a function of them). A config with a
+    ``pre_hook`` is never cached: every such call goes through the autotuner. ``launcher(grid,
+    args, **meta)`` builds its key with ``call_key``; ``launcher.fixed(grid, args, **meta)`` runs
+    the kernel at the one config ``meta`` names (its tile and warps), skipping the autotuner."""
+
+    def __init__(self, tuner):
+        super().__init__(tuner)
+        self.plain = Launcher(tuner.fn)
+
+    def __call__(self, grid, args, **meta):
+        return super().__call__(call_key(args, meta), grid, args, **meta)
+
+    def fixed(self, grid, args, **meta):
+        return self.plain(call_key(args, meta), grid, args, **meta)
+
+    def _first(self, dev, key, grid, args, meta):
+        compiled = self.fn[grid](*args, **meta)
+        config = self.fn.best_config
+        if compiled is not None and config.pre_hook is None:
+            self._keep(dev, key, compiled, args, {**meta, **config.all_kwargs()}, config)
+        return compiled
+
+    def _jit(self):
+        return self.fn.fn
+
+
+@functools.cache
+def tuned(kernel) -> TunedLauncher:
+    """The one ``TunedLauncher`` of an ``@triton.autotune`` kernel (made on first use)."""
+    return TunedLauncher(kernel)

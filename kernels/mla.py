@@ -46,8 +46,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, paged_attention, roofline
-from kernels.launch import next_power_of_2, sm_count
+from kernels import _validate, bench, device, launch, paged_attention, roofline
+from kernels.launch import Launcher, call_key, next_power_of_2, sm_count
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -442,11 +442,16 @@ def launch_attention(kernel, grid_rows: int, n_heads: int, splits: int, config, 
         def grid(m):
             return (grid_rows * triton.cdiv(n_heads, m["BLOCK_H"]), splits)
 
-        kernel[grid](*args, **meta)
+        launch.tuned(kernel)(grid, args, **meta)
     else:
         bh, bn, w, s = config
         grid = (grid_rows * triton.cdiv(n_heads, bh), splits)
-        kernel.fn[grid](*args, **meta, BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=s)
+        launch.tuned(kernel).fixed(
+            grid, args, **meta, BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=s
+        )
+
+
+_COMBINE = Launcher(_mla_combine_kernel)
 
 
 def split_outputs(out: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -467,9 +472,9 @@ def combine(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
     splits, r = o_part.shape[-2], o_part.shape[-1]
     n_rows = out.numel() // max(r, 1)
     block_r = min(_dot_pad(r), 64)
-    _mla_combine_kernel[(n_rows, triton.cdiv(r, block_r))](
-        o_part, lse, out, splits, R=r, SPLITS_PAD=next_power_of_2(splits), BLOCK_R=block_r
-    )
+    args = (o_part, lse, out, splits)
+    meta = dict(R=r, SPLITS_PAD=next_power_of_2(splits), BLOCK_R=block_r)
+    _COMBINE(call_key(args, meta), (n_rows, triton.cdiv(r, block_r)), args, **meta)
 
 
 def mla_decode(

@@ -36,10 +36,8 @@ import triton
 import triton.language as tl
 
 from kernels import bench, device, roofline
-from kernels.launch import next_power_of_2, resident_programs, sm_count
+from kernels.launch import Launcher, aligned, next_power_of_2, resident_programs, sm_count
 from kernels.rows import (
-    Launcher,
-    aligned,
     check_device,
     check_float,
     num_warps_for,

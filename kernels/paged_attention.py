@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, roofline, sdpa
-from kernels.launch import next_power_of_2, sm_count
+from kernels.launch import Launcher, call_key, next_power_of_2, sm_count, tuned
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -234,6 +234,11 @@ def _paged_decode_combine_kernel(
 
 # ----------------------------------------------------------------------------- launcher
 
+# Both kernels launch through kernels.launch's fast path (the split kernel through launch.tuned): a
+# decode step calls this once per layer with the same shapes, and Triton's own launch (the
+# autotuner's on top) costs more host time than the kernel takes at batch 1.
+_COMBINE = Launcher(_paged_decode_combine_kernel)
+
 
 # Programs per SM the default split count aims for. Several waves of equal programs keep the
 # last, partial wave short; a split is never shorter than MIN_SPLIT_TOKENS (below that, writing and
@@ -396,11 +401,7 @@ def paged_decode(
         o_dst = torch.empty(n_seqs, n_heads, splits, d, device=q.device, dtype=torch.float32)
         lse = torch.empty(n_seqs, n_heads, splits, device=q.device, dtype=torch.float32)
     stride_osplit = o_dst.stride(2) if splits > 1 else 0
-    kernel, tile = _paged_decode_split_kernel, {}
-    if config is not None:  # the @triton.jit function under the autotuner, one fixed tile
-        kernel = _paged_decode_split_kernel.fn
-        tile = {"BLOCK_N": config[0], "num_warps": config[1], "num_stages": config[2]}
-    kernel[(n_seqs, n_kv, splits)](
+    args = (
         q, k_cache, v_cache, block_table, seq_lens, o_dst, lse,
         scale, next_power_of_2(n_seqs), next_power_of_2(max_blocks * page), splits, group,
         k_cache.shape[0], max_blocks * page,
@@ -408,13 +409,22 @@ def paged_decode(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0),
         o_dst.stride(0), o_dst.stride(1), stride_osplit,
-        HEAD_DIM=d, PAGE_SIZE=page, GROUP_PAD=group_pad, DIRECT=splits == 1,
-        FP32_EXACT=q.dtype == torch.float32, **tile,
     )  # fmt: skip
-    if splits > 1:
-        _paged_decode_combine_kernel[(n_seqs * n_heads,)](
-            o_dst, lse, out, splits, HEAD_DIM=d, SPLITS_PAD=next_power_of_2(splits)
+    meta = dict(
+        HEAD_DIM=d, PAGE_SIZE=page, GROUP_PAD=group_pad, DIRECT=splits == 1,
+        FP32_EXACT=q.dtype == torch.float32,
+    )  # fmt: skip
+    grid = (n_seqs, n_kv, splits)
+    if config is None:
+        tuned(_paged_decode_split_kernel)(grid, args, **meta)
+    else:  # one fixed tile, no autotuner
+        tuned(_paged_decode_split_kernel).fixed(
+            grid, args, **meta, BLOCK_N=config[0], num_warps=config[1], num_stages=config[2]
         )
+    if splits > 1:
+        args = (o_dst, lse, out, splits)
+        meta = dict(HEAD_DIM=d, SPLITS_PAD=next_power_of_2(splits))
+        _COMBINE(call_key(args, meta), (n_seqs * n_heads,), args, **meta)
     return out
 
 

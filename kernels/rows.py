@@ -1,24 +1,18 @@
-"""Row-wise kernels' shared launch code: input checks, the row launch plan, a fast Triton launch.
+"""Row-wise kernels' shared launch plan and input checks.
 
 Softmax and the norms (and their backward passes) all treat their input as ``[rows, width]`` and
 launch one of two kernel shapes: whole rows held in registers, several narrow rows to a program, or
-one row per program walked in chunks. This module is the one home of that plan (``row_launch``),
-of the checks that turn any tensor into rows without a copy (``as_rows``, ``check_float``), and of
-``Launcher``, which launches a compiled Triton kernel without Triton's per-call argument binding.
-
-Why the launcher: a model calls a norm on a ``[1, 4096]`` row in a decode step, where the kernel
-runs for 2-3 µs and everything the host does per call is added to it. Triton's
-``kernel[grid](...)`` binds every argument, computes its specialisation key, hashes it and looks
-the binary up on every call; ``Launcher`` does that once per distinct call (the exact sizes,
-strides, dtypes, pointer alignment and meta-parameters) and afterwards hands the arguments straight
-to the compiled kernel's C launcher, as ``torch``'s own ops do.
+one row per program walked in chunks. This module is the one home of that plan (``row_launch``)
+and of the checks that turn any tensor into rows without a copy (``as_rows``, ``check_float``).
+The kernels launch through ``kernels.launch.Launcher``, which skips Triton's per-call argument
+binding: a decode step calls a norm on one ``[1, 4096]`` row, where the host's cost per call is
+most of the time.
 """
 
 from __future__ import annotations
 
 import torch
 import triton
-from triton import knobs
 
 from kernels import device
 from kernels.launch import next_power_of_2, sm_count
@@ -120,64 +114,3 @@ def row_launch(
         num_warps=num_warps_for(block_m * block_n),
         programs=triton.cdiv(n_rows, block_m),
     )
-
-
-class Launcher:
-    """Launch a ``@triton.jit`` kernel, skipping Triton's per-call binding once a call was seen.
-
-    ``launcher(key, grid, args, **meta)`` runs ``kernel[grid](*args, **meta)``. ``args`` are the
-    kernel's run-time arguments in signature order, ``meta`` its ``tl.constexpr`` parameters and
-    launch options (``num_warps``). ``key`` must determine everything Triton specialises a binary
-    on: the dtypes of the tensors, the 16-byte alignment of every pointer, the integer arguments
-    (their exact values will do) and ``meta``; the launcher adds the device. The first call of a key
-    goes through Triton (compiling if needed) and keeps the compiled kernel; later calls of that key
-    pass the arguments to its C launcher directly. In the interpreter every call goes through
-    Triton. Returns Triton's compiled kernel (None in the interpreter)."""
-
-    MAX_KEYS = 4096  # distinct calls kept per kernel; past it the cache starts over
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.cache: dict = {}
-
-    def __call__(self, key, grid, args, **meta):
-        if not device.GPU_MODE:
-            return self.fn[grid](*args, **meta)
-        dev = torch.cuda.current_device()
-        hit = self.cache.get((dev, key))
-        # A profiler's launch hooks (Proton, for one) want Triton's own path and its metadata.
-        if hit is None or knobs.runtime.launch_enter_hook.calls:
-            return self._first(dev, key, grid, args, meta)
-        compiled, tail = hit
-        try:
-            compiled.run(
-                grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                torch._C._cuda_getCurrentRawStream(dev), compiled.function,
-                compiled.packed_metadata, None, None, None, *args, *tail,
-            )  # fmt: skip
-        except (TypeError, SystemError):
-            # The C launcher refused the arguments (it parses them before launching anything):
-            # go through Triton, which compiles for them or raises a clear error.
-            del self.cache[(dev, key)]
-            return self._first(dev, key, grid, args, meta)
-        return compiled
-
-    def _first(self, dev, key, grid, args, meta):
-        compiled = self.fn[grid](*args, **meta)
-        # The C launcher takes every parameter in signature order, constexprs included (it skips
-        # them): keep the constexpr values to append after the run-time arguments.
-        params = self.fn.params
-        assert not any(p.is_constexpr for p in params[: len(args)]), (
-            f"{self.fn.__name__}: run-time arguments must precede the constexpr parameters"
-        )
-        tail = tuple(meta[p.name] for p in params[len(args) :])
-        if len(self.cache) >= self.MAX_KEYS:
-            self.cache.clear()
-        self.cache[(dev, key)] = (compiled, tail)
-        return compiled
-
-
-def aligned(t: torch.Tensor) -> bool:
-    """Whether ``t``'s data pointer is 16-byte aligned: Triton compiles a separate binary (with
-    vector loads) for aligned pointers, so a ``Launcher`` key holds this bit for every input."""
-    return t.data_ptr() % 16 == 0

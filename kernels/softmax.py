@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import bench, device, roofline, rows
+from kernels import bench, device, launch, roofline, rows
 
 SUPPORTED_DTYPES = rows.SUPPORTED_DTYPES
 
@@ -228,10 +228,13 @@ def _softmax_bwd_looped_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 
-_FWD = {"fused": rows.Launcher(_softmax_kernel), "looped": rows.Launcher(_softmax_looped_kernel)}
+_FWD = {
+    "fused": launch.Launcher(_softmax_kernel),
+    "looped": launch.Launcher(_softmax_looped_kernel),
+}
 _BWD = {
-    "fused": rows.Launcher(_softmax_bwd_kernel),
-    "looped": rows.Launcher(_softmax_bwd_looped_kernel),
+    "fused": launch.Launcher(_softmax_bwd_kernel),
+    "looped": launch.Launcher(_softmax_bwd_looped_kernel),
 }
 
 
@@ -312,7 +315,7 @@ def _softmax_forward(x: torch.Tensor, max_fused_block: int) -> torch.Tensor:
     n_rows, stride = rows.row_stride("x", x)
     launcher, grid, meta = _plan(n_rows, n_cols, max_fused_block, False)
     # The key fixes everything the binary depends on; y is new, contiguous and aligned.
-    key = (x.dtype, n_rows, n_cols, stride, rows.aligned(x), max_fused_block)
+    key = (x.dtype, n_rows, n_cols, stride, launch.aligned(x), max_fused_block)
     launcher(key, grid, (x, y, n_rows, n_cols, stride, n_cols), **meta)
     return y
 
@@ -327,7 +330,7 @@ def _softmax_backward(y: torch.Tensor, dy: torch.Tensor, max_fused_block: int) -
         dy = dy.contiguous()  # an expanded gradient (from .sum().backward()) has row stride 0
     n_rows = y.numel() // n_cols
     launcher, grid, meta = _plan(n_rows, n_cols, max_fused_block, True)
-    key = (y.dtype, n_rows, n_cols, rows.aligned(y), rows.aligned(dy), max_fused_block)
+    key = (y.dtype, n_rows, n_cols, launch.aligned(y), launch.aligned(dy), max_fused_block)
     launcher(key, grid, (y, dy, dx, n_rows, n_cols, n_cols, n_cols, n_cols), **meta)
     return dx
 
@@ -338,7 +341,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, cfg: dict):
     n_rows, n_cols = x2.shape
     meta = _meta(cfg, False)
     strides = (x2.stride(0), y2.stride(0))
-    key = (x2.dtype, y2.dtype, n_rows, n_cols, *strides, rows.aligned(x2), rows.aligned(y2))
+    key = (x2.dtype, y2.dtype, n_rows, n_cols, *strides, launch.aligned(x2), launch.aligned(y2))
     key += (cfg["programs"], *sorted(meta.items()))
     return _FWD[cfg["kernel"]](key, (cfg["programs"],), (x2, y2, n_rows, n_cols, *strides), **meta)
 

@@ -268,57 +268,6 @@ def test_softmax_under_cuda_graph_capture():
     torch.testing.assert_close(y_wide, torch.softmax(wide, -1), rtol=1e-5, atol=1e-8)
 
 
-# ----------------------------------------------------------------------------- the fast launch
-
-
-def test_launcher_binds_once_then_calls_the_compiled_kernel(monkeypatch):
-    # kernels.rows.Launcher's GPU path, with a stand-in for Triton: the first call of a key goes
-    # through kernel[grid](...), later calls hand every argument (constexprs appended in
-    # signature order) straight to the compiled kernel's launcher.
-    from types import SimpleNamespace
-
-    from kernels import rows
-
-    calls = []
-
-    class Compiled:
-        function, packed_metadata = "fn", "meta"
-
-        def run(self, *a):
-            if "bad" in a:
-                raise TypeError("launcher refused")
-            calls.append(("fast", a))
-
-    class Fn:
-        params = [SimpleNamespace(name=n, is_constexpr=c) for n, c in
-                  (("x", False), ("n", False), ("BLOCK", True), ("FLAG", True))]  # fmt: skip
-        __name__ = "fake_kernel"
-
-        def __getitem__(self, grid):
-            def launch(*args, **meta):
-                calls.append(("triton", grid, args, meta))
-                return Compiled()
-
-            return launch
-
-    monkeypatch.setattr(rows.device, "GPU_MODE", True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 7, raising=False)
-    launch = rows.Launcher(Fn())
-    launch(("k",), (3,), ("X", 5), FLAG=True, BLOCK=64, num_warps=4)
-    launch(("k",), (3,), ("X", 5), FLAG=True, BLOCK=64, num_warps=4)
-    launch(("k",), (2, 4), ("Y", 6), FLAG=True, BLOCK=64, num_warps=4)
-    assert calls[0] == ("triton", (3,), ("X", 5), {"FLAG": True, "BLOCK": 64, "num_warps": 4})
-    assert calls[1] == ("fast", (3, 1, 1, 7, "fn", "meta", None, None, None, "X", 5, 64, True))
-    assert calls[2] == ("fast", (2, 4, 1, 7, "fn", "meta", None, None, None, "Y", 6, 64, True))
-    # A launcher that refuses the arguments sends the call back through Triton.
-    launch(("k",), (1,), ("X", "bad"), FLAG=True, BLOCK=64, num_warps=4)
-    assert calls[-1][0] == "triton" and calls[-1][2] == ("X", "bad")
-    # A different key (new sizes, say) goes through Triton first, as Triton may specialise on it.
-    launch(("k2",), (3,), ("X", 5), FLAG=True, BLOCK=64, num_warps=4)
-    assert calls[-1][0] == "triton"
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU")
 def test_softmax_rejects_a_cpu_tensor_on_a_gpu_machine():

@@ -1,0 +1,93 @@
+"""Host time per call of the decode-step kernels, through kernels.launch's fast path and through
+Triton's own launch (``launch.FAST = False``), against the PyTorch call they replace.
+
+At batch 1 these kernels run for a few µs on the GPU; the rest of a call is the host's. Each row
+times back-to-back calls (``kernels.shapes.host_time``: wall time over the count, median of 5
+loops) and the device time alone (``triton.testing.do_bench``), in one run, on one GPU.
+
+    python scripts/gpu/launch_probe.py [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+
+from kernels import launch, mla, norms, paged_attention, quant, shapes, softmax
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+
+
+def cases():
+    """(name, ours, torch's) callables at decode shapes."""
+    q, k, v, kc, vc, table, lens = paged_attention.decode_case(1, 1024, dtype=BF16)
+    yield (
+        "paged_decode b1 32h/8kv 1024 tok",
+        lambda: paged_attention.paged_decode(q, kc, vc, table, lens),
+        lambda: paged_attention.sdpa_decode(q, k, v),
+    )
+    ql, qr, kv, mt, ml = mla.decode_case([4096], 128, 512, 64, dtype=BF16)
+    yield (
+        "mla_decode b1 128h 4096 tok",
+        lambda: mla.mla_decode(ql, qr, kv, mt, ml),
+        lambda: mla.mla_decode_eager(ql, qr, kv, mt, ml),
+    )
+    for bits in (4, 8):
+        w = torch.randn(4096, 4096, device=DEV, dtype=BF16) * 4096**-0.5
+        qw, x = quant.quantize(w, bits, 128), torch.randn(1, 4096, device=DEV, dtype=BF16)
+        w16 = quant.dequantize(qw, BF16)
+        yield (
+            f"gemv int{bits} 1x4096x4096",
+            lambda qw=qw, x=x: quant.gemv(x, qw, path="gemv"),
+            lambda w16=w16, x=x: torch.matmul(x, w16.t()),
+        )
+    x = torch.randn(1, 4096, device=DEV, dtype=BF16)
+    wt = torch.ones(4096, device=DEV, dtype=BF16)
+    yield (
+        "rms_norm fwd 1x4096",
+        lambda: norms.rms_norm(x, wt),
+        lambda: torch.nn.functional.rms_norm(x, (4096,), wt, 1e-6),
+    )
+    yield ("softmax fwd 1x4096", lambda: softmax.softmax(x), lambda: torch.softmax(x, -1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", help="write the rows here")
+    a = p.parse_args()
+    rows = []
+    for name, ours, theirs in cases():
+        row = {"case": name}
+        for fast in (True, False):
+            launch.FAST = fast
+            ours()  # first call of the key: autotune / compile
+            torch.cuda.synchronize()
+            row["fast_host_us" if fast else "triton_host_us"] = shapes.host_time(ours).ms * 1e3
+        launch.FAST = True
+        row["device_us"] = triton.testing.do_bench(ours, warmup=10, rep=50) * 1e3
+        row["torch_host_us"] = shapes.host_time(theirs).ms * 1e3
+        row["torch_device_us"] = triton.testing.do_bench(theirs, warmup=10, rep=50) * 1e3
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(
+        f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}"
+    )
+    print(
+        f"{'case':34} {'fast':>7} {'triton':>7} {'torch':>7}   host µs/call; device µs ours/torch"
+    )
+    for r in rows:
+        print(
+            f"{r['case']:34} {r['fast_host_us']:7.1f} {r['triton_host_us']:7.1f} "
+            f"{r['torch_host_us']:7.1f}   {r['device_us']:6.1f} / {r['torch_device_us']:6.1f}"
+        )
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
