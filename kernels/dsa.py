@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, launch, mla, paged_attention, roofline, sdpa
-from kernels.launch import next_power_of_2
+from kernels.launch import cdiv, next_power_of_2
 from kernels.mla import _attend_tile, _store_partial
 
 INDEX_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
@@ -413,12 +413,12 @@ def lightning_indexer(
     if config is None:
 
         def grid(m):
-            return (n_seqs, triton.cdiv(n_queries, m["BLOCK_T"]), triton.cdiv(n_ctx, m["BLOCK_S"]))
+            return (n_seqs, cdiv(n_queries, m["BLOCK_T"]), cdiv(n_ctx, m["BLOCK_S"]))
 
         launch.tuned(_indexer_kernel)(grid, args, **meta)
     else:
         bt, bs, nw, ns = config
-        grid = (n_seqs, triton.cdiv(n_queries, bt), triton.cdiv(n_ctx, bs))
+        grid = (n_seqs, cdiv(n_queries, bt), cdiv(n_ctx, bs))
         launch.tuned(_indexer_kernel).fixed(
             grid, args, **meta, BLOCK_T=bt, BLOCK_S=bs, num_warps=nw, num_stages=ns
         )

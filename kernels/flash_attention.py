@@ -39,7 +39,7 @@ import triton.language as tl
 
 from kernels import _validate, bench, device, launch, roofline
 from kernels import sdpa as _sdpa
-from kernels.launch import LOG2E
+from kernels.launch import LOG2E, cdiv
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -605,7 +605,7 @@ def _forward(
         v_src = TensorDescriptor.from_tensor(v.view(B * H * n_kv, D), dummy)
 
     def grid(meta):
-        return (triton.cdiv(n_q, meta["BLOCK_M"]), B * H)
+        return (cdiv(n_q, meta["BLOCK_M"]), B * H)
 
     _attn_fwd_kernel[grid](
         q, k_src, v_src, o, lse, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma
@@ -622,13 +622,13 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
     delta = torch.empty_like(lse)
     rows = B * H * n_q
     pre_block = 64
-    _attn_bwd_preprocess_kernel[(triton.cdiv(rows, pre_block),)](
+    _attn_bwd_preprocess_kernel[(cdiv(rows, pre_block),)](
         o, do, delta, rows, HEAD_DIM=D, BLOCK_M=pre_block
     )
-    _attn_bwd_dkdv_kernel[lambda meta: (triton.cdiv(n_kv, meta["BLOCK_N"]), B * H)](
+    _attn_bwd_dkdv_kernel[lambda meta: (cdiv(n_kv, meta["BLOCK_N"]), B * H)](
         q, k, v, do, lse, delta, dk, dv, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal
     )
-    _attn_bwd_dq_kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), B * H)](
+    _attn_bwd_dq_kernel[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), B * H)](
         q, k, v, do, lse, delta, dq, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal
     )
     return dq, dk, dv

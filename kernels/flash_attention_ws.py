@@ -52,7 +52,7 @@ from triton.runtime import _allocation
 
 from kernels import device
 from kernels import flash_attention as fa
-from kernels.launch import LOG2E
+from kernels.launch import LOG2E, cdiv
 
 # GPU configurations, as (BLOCK_M, BLOCK_N, num_stages); num_warps is always 4 (the pass needs it).
 # BLOCK_M = 128 gives the two 64-row consumer warpgroups. Each, causal and not, at head dim 64 and
@@ -230,7 +230,7 @@ def _forward_ws(
         return o, lse
 
     def grid(meta):
-        return (triton.cdiv(n_q, meta["BLOCK_M"]), B * H)
+        return (cdiv(n_q, meta["BLOCK_M"]), B * H)
 
     token = None if device.INTERPRET else _allocation._allocator.set(_torch_scratch)
     try:

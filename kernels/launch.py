@@ -20,8 +20,15 @@ LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E), and exp2 is one
 
 
 def next_power_of_2(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1): the size of a ``tl.arange`` that covers n."""
-    return triton.next_power_of_2(max(int(n), 1))
+    """The smallest power of two >= n (1 for n <= 1): the size of a ``tl.arange`` that covers n.
+    Plain Python, like ``cdiv``: ``triton.next_power_of_2`` is a constexpr function, and calling
+    one from the host costs about 2 µs (more on a busy host), several times per launch."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints: what ``triton.cdiv`` computes, without its host-call cost."""
+    return -(-a // b)
 
 
 @functools.cache

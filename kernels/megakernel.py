@@ -65,7 +65,12 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, roofline
-from kernels.launch import next_power_of_2, programs_per_sm, sm_count  # sm_count: notebook 08a
+from kernels.launch import (  # sm_count: notebook 08a
+    cdiv,
+    next_power_of_2,
+    programs_per_sm,
+    sm_count,
+)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = {"none": 0, "relu": 1}
@@ -428,7 +433,7 @@ def plan(
     """
     if tile not in TILES:
         raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
-    block_n = next_power_of_2(triton.cdiv(d, max_programs))
+    block_n = next_power_of_2(cdiv(d, max_programs))
     slice_elems = block_n * next_power_of_2(d)
     per_warp = 32 * SLICE_ELEMS_PER_THREAD
     fits = [w for w in (4, 8, 16) if slice_elems <= w * per_warp]
@@ -436,7 +441,7 @@ def plan(
         fits = [num_warps] if slice_elems <= num_warps * per_warp else []
     if tile == "gemv" or (tile == "auto" and m <= GEMV_MAX_ROWS):
         if fits:
-            return triton.cdiv(d, block_n), block_n, next_power_of_2(d), True, fits[0]
+            return cdiv(d, block_n), block_n, next_power_of_2(d), True, fits[0]
         if tile == "gemv":
             raise ValueError(
                 f"a {block_n} x {d} weight slice does not fit in registers with "
@@ -449,7 +454,7 @@ def plan(
             f"max_programs={max_programs}: allow more programs"
         )
     block_k = max(16, min(block_k, next_power_of_2(d)))
-    return triton.cdiv(d, block_n), block_n, block_k, False, num_warps or 4
+    return cdiv(d, block_n), block_n, block_k, False, num_warps or 4
 
 
 # Barrier words per device: [arrival count, generation, timeout flag, pad]. The barrier leaves the

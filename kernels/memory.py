@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, device
+from kernels.launch import cdiv
 
 
 @triton.jit
@@ -55,7 +56,7 @@ def read_passes(x: torch.Tensor, passes: int = 1, *, block: int = 2048) -> torch
     n = x.numel()
     if n == 0:
         return torch.zeros((), dtype=torch.float32, device=x.device)
-    n_chunks = triton.cdiv(n, block)
+    n_chunks = cdiv(n, block)
     total = n_chunks * passes
     # An odd program count is coprime with a power-of-two chunk count (see the module docstring).
     sms = device.capabilities().sm_count or 4
@@ -68,7 +69,7 @@ def read_passes(x: torch.Tensor, passes: int = 1, *, block: int = 2048) -> torch
         n_chunks,
         total,
         n_programs,
-        triton.cdiv(total, n_programs),
+        cdiv(total, n_programs),
         BLOCK=block,
         num_warps=8,
     )

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, launch, paged_attention, roofline
-from kernels.launch import Launcher, call_key, next_power_of_2, sm_count
+from kernels.launch import Launcher, call_key, cdiv, next_power_of_2, sm_count
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -338,7 +338,7 @@ MAX_SPLITS = 64
 def default_num_splits(n_queries: int, max_tokens: int) -> int:
     """Splits per query for ``n_queries`` queries (sequences at decode) over at most
     ``max_tokens`` keys each: about ``PROGRAMS_PER_SM`` per SM in all, at most 64."""
-    want = triton.cdiv(PROGRAMS_PER_SM * sm_count(interpreter=4), max(1, n_queries))
+    want = cdiv(PROGRAMS_PER_SM * sm_count(interpreter=4), max(1, n_queries))
     return int(max(1, min(want, max_tokens // MIN_SPLIT_TOKENS, MAX_SPLITS)))
 
 
@@ -440,12 +440,12 @@ def launch_attention(kernel, grid_rows: int, n_heads: int, splits: int, config, 
     if config is None:
 
         def grid(m):
-            return (grid_rows * triton.cdiv(n_heads, m["BLOCK_H"]), splits)
+            return (grid_rows * cdiv(n_heads, m["BLOCK_H"]), splits)
 
         launch.tuned(kernel)(grid, args, **meta)
     else:
         bh, bn, w, s = config
-        grid = (grid_rows * triton.cdiv(n_heads, bh), splits)
+        grid = (grid_rows * cdiv(n_heads, bh), splits)
         launch.tuned(kernel).fixed(
             grid, args, **meta, BLOCK_H=bh, BLOCK_N=bn, num_warps=w, num_stages=s
         )
@@ -474,7 +474,7 @@ def combine(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
     block_r = min(_dot_pad(r), 64)
     args = (o_part, lse, out, splits)
     meta = dict(R=r, SPLITS_PAD=next_power_of_2(splits), BLOCK_R=block_r)
-    _COMBINE(call_key(args, meta), (n_rows, triton.cdiv(r, block_r)), args, **meta)
+    _COMBINE(call_key(args, meta), (n_rows, cdiv(r, block_r)), args, **meta)
 
 
 def mla_decode(

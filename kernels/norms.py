@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from kernels import bench, device, roofline
-from kernels.launch import Launcher, aligned, next_power_of_2, resident_programs, sm_count
+from kernels.launch import Launcher, aligned, cdiv, next_power_of_2, resident_programs, sm_count
 from kernels.rows import (
     check_device,
     check_float,
@@ -571,7 +571,7 @@ def _launch_bwd_rows(dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, st
         programs = cfg["programs"] or _bwd_programs(
             dy, x, weight, mean, rstd, dx, n_rows, n_cols, strides, meta
         )
-        grid = (min(triton.cdiv(n_rows, cfg["BLOCK_M"]), programs),)
+        grid = (min(cdiv(n_rows, cfg["BLOCK_M"]), programs),)
         n_partials = grid[0]  # one row of partial sums per program
     else:
         meta["BLOCK_N"] = cfg["BLOCK_N"]
@@ -583,7 +583,7 @@ def _launch_bwd_rows(dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, st
             (dy, x, weight, mean, rstd, c1, c2, n_cols, *strides[:2]),
             IS_RMS=is_rms, BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
         )  # fmt: skip
-        n_chunks = triton.cdiv(n_cols, cfg["BLOCK_N"])
+        n_chunks = cdiv(n_cols, cfg["BLOCK_N"])
         grid = (n_chunks, max(1, min(n_rows, cfg["programs"] // n_chunks)))
         n_partials = grid[1]  # one row of partial sums per group of rows
     partials = x.new_empty((2 if has_bias else 1, n_partials, n_cols), dtype=torch.float32)
@@ -604,7 +604,7 @@ def _sum_stacked(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     k, n_partials, n_cols = partials.shape
     out = partials.new_empty((k, n_cols), dtype=dtype)
     block_n = min(next_power_of_2(n_cols), 256)
-    grid = (triton.cdiv(n_cols, block_n), k)
+    grid = (cdiv(n_cols, block_n), k)
     key = (dtype, k, n_partials, n_cols, aligned(partials))
     _DW(key, grid, (partials, out, n_partials, n_cols), BLOCK_P=32, BLOCK_N=block_n, num_warps=4)
     return out

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, roofline, sdpa
-from kernels.launch import Launcher, call_key, next_power_of_2, sm_count, tuned
+from kernels.launch import Launcher, call_key, cdiv, next_power_of_2, sm_count, tuned
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -251,7 +251,7 @@ def default_num_splits(n_seqs: int, n_kv_heads: int, max_tokens: int) -> int:
     """Splits per (sequence, kv head) for a batch whose block table holds ``max_tokens`` tokens
     per sequence: about ``PROGRAMS_PER_SM`` programs per SM in all, at most 64 splits."""
     pairs = max(1, n_seqs * n_kv_heads)
-    want = triton.cdiv(PROGRAMS_PER_SM * sm_count(interpreter=4), pairs)
+    want = cdiv(PROGRAMS_PER_SM * sm_count(interpreter=4), pairs)
     return int(max(1, min(want, max_tokens // MIN_SPLIT_TOKENS, 64)))
 
 
@@ -461,7 +461,7 @@ def paged_decode_ref(
     for b, n in enumerate(seq_lens.tolist()):
         if n == 0:
             continue
-        blocks = block_table[b, : triton.cdiv(n, page)].long()
+        blocks = block_table[b, : cdiv(n, page)].long()
         k = k_cache[blocks].float().permute(1, 0, 2, 3).reshape(n_kv, -1, d)[:, :n]
         v = v_cache[blocks].float().permute(1, 0, 2, 3).reshape(n_kv, -1, d)[:, :n]
         k = k.repeat_interleave(n_heads // n_kv, 0)
@@ -547,7 +547,7 @@ class BlockAllocator:
     def blocks_needed(self, seq, n_tokens: int) -> int:
         """New blocks ``seq`` must get to hold ``n_tokens`` tokens in all."""
         have = len(self.blocks.get(seq, ()))
-        return max(0, triton.cdiv(n_tokens, self.block_size) - have)
+        return max(0, cdiv(n_tokens, self.block_size) - have)
 
     def can_hold(self, seq, n_tokens: int) -> bool:
         return self.blocks_needed(seq, n_tokens) <= len(self._free)

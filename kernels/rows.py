@@ -12,10 +12,9 @@ most of the time.
 from __future__ import annotations
 
 import torch
-import triton
 
 from kernels import device
-from kernels.launch import next_power_of_2, sm_count
+from kernels.launch import cdiv, next_power_of_2, sm_count
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -112,5 +111,5 @@ def row_launch(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=num_warps_for(block_m * block_n),
-        programs=triton.cdiv(n_rows, block_m),
+        programs=cdiv(n_rows, block_m),
     )

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, roofline
+from kernels.launch import cdiv
 
 DEFAULT_BLOCK_R = 32
 DEFAULT_BLOCK_T = 32
@@ -385,7 +386,7 @@ def predict_triton(
     if ens.n_trees == 0:
         out.fill_(ens.base)
         return out, leaves
-    grid = (triton.cdiv(n, block_r),)
+    grid = (cdiv(n, block_r),)
     _forest_kernel[grid](
         X,
         ens.feature,

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, roofline
-from kernels.launch import Launcher, aligned
+from kernels.launch import Launcher, aligned, cdiv
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Defaults chosen by the BLOCK_SIZE x num_warps sweep in notebooks/01a-gpu-hierarchy.ipynb: large
@@ -71,7 +71,7 @@ def add(
     # The key fixes what the binary depends on (out is new and aligned); later calls of the same
     # size skip Triton's argument binding (see kernels.launch.Launcher).
     key = (x.dtype, n, block_size, num_warps, aligned(x), aligned(y))
-    _ADD(key, (triton.cdiv(n, block_size),), (x, y, out, n), BLOCK_SIZE=block_size,
+    _ADD(key, (cdiv(n, block_size),), (x, y, out, n), BLOCK_SIZE=block_size,
          num_warps=num_warps)  # fmt: skip
     return out
 

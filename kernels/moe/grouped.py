@@ -55,6 +55,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, device, launch
+from kernels.launch import cdiv
 from kernels.matmul import GROUP_M, _tile_coords
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -416,7 +417,7 @@ def _launch_mm(
         # One program per SM for the large tiles (their staged buffers fill an SM's shared
         # memory), two for 64 x 128 tiles; never more programs than tiles can exist.
         per_sm = 2 if meta["BLOCK_M"] * meta["BLOCK_N"] <= 64 * 128 else 1
-        bound = (triton.cdiv(M, meta["BLOCK_M"]) + E) * triton.cdiv(N, meta["BLOCK_N"])
+        bound = (cdiv(M, meta["BLOCK_M"]) + E) * cdiv(N, meta["BLOCK_N"])
         return (max(1, min(per_sm * _persistent_programs(), bound)),)
 
     _grouped_mm_tuned[grid](
@@ -566,7 +567,7 @@ def grouped_matmul_dw(
     sk, sn = (s2, s1) if trans_b else (s1, s2)
 
     def grid(meta):
-        return (E * triton.cdiv(K, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+        return (E * cdiv(K, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)
 
     _grouped_dw_tuned[grid](
         x_sorted, dy_sorted, dw, offsets, M, N, K,

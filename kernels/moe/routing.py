@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, device
+from kernels.launch import cdiv, next_power_of_2
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SCORINGS = ("softmax", "sigmoid")
@@ -42,7 +43,7 @@ _ROWS_CPU, _COLS_CPU = 4, 64  # the interpreter: small blocks, few wasted (maske
 
 def _blocks(width: int) -> tuple[int, int]:
     rows, cols = (_ROWS_CPU, _COLS_CPU) if device.INTERPRET else (_ROWS_GPU, _COLS_GPU)
-    return rows, min(cols, triton.next_power_of_2(max(width, 16)))
+    return rows, min(cols, next_power_of_2(max(width, 16)))
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -262,7 +263,7 @@ def permute(
     sorted_pos = torch.empty(T, top_k, device=x.device, dtype=torch.int32)
     if M:
         rows, cols = _blocks(D)
-        _gather_rows_kernel[(triton.cdiv(M, rows),)](
+        _gather_rows_kernel[(cdiv(M, rows),)](
             order, x, x_sorted, sorted_pos, order, order, order, M, D,
             x.stride(0), x_sorted.stride(0), 0,
             TOP_K=top_k, WRITE_POS=True, HAS_SCALE=False, DOT=False, BLOCK_R=rows, BLOCK_D=cols,
@@ -304,7 +305,7 @@ def unpermute(
     if T and D:
         rows, cols = _blocks(D)
         w = weights if weights is not None else handle.sorted_pos
-        _combine_kernel[(triton.cdiv(T, rows), triton.cdiv(D, cols))](
+        _combine_kernel[(cdiv(T, rows), cdiv(D, cols))](
             handle.sorted_pos, y_sorted, w, out, T, D, y_sorted.stride(0), out.stride(0),
             TOP_K=handle.top_k, HAS_WEIGHTS=weights is not None, BLOCK_R=rows, BLOCK_D=cols,
         )  # fmt: skip
@@ -322,7 +323,7 @@ def unpermute_backward(
     grad_w = torch.empty(handle.n_tokens, handle.top_k, device=y_sorted.device)
     if M:
         rows, cols = _blocks(D)
-        _gather_rows_kernel[(triton.cdiv(M, rows),)](
+        _gather_rows_kernel[(cdiv(M, rows),)](
             handle.order, grad_out, grad_y, grad_w, weights, y_sorted, grad_w, M, D,
             grad_out.stride(0), grad_y.stride(0), y_sorted.stride(0),
             TOP_K=handle.top_k, WRITE_POS=False, HAS_SCALE=True, DOT=True,

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, numerics, roofline
+from kernels.launch import cdiv, next_power_of_2
 
 FP8_BLOCK = 128  # fp8 block scaling: 1 x 128 activation blocks, 128 x 128 weight blocks
 
@@ -106,11 +107,11 @@ def quantize_fp8(
         group, n_groups, per_tensor = FP8_BLOCK, k // FP8_BLOCK, False
     if not per_tensor:
         s = torch.empty(m, n_groups, device=x.device, dtype=torch.float32)
-    block_g = triton.next_power_of_2(group)
+    block_g = next_power_of_2(group)
     if block_g > 16384:
         raise ValueError(f"row-wise fp8 quantization handles K up to 16384, got {k}")
     block_m = max(1, min(16, 4096 // block_g))
-    grid = (triton.cdiv(m, block_m), n_groups)
+    grid = (cdiv(m, block_m), n_groups)
     _fp8_quant_kernel[grid](
         x, q, s, m, k, n_groups, group, x.stride(0), q.stride(0),
         PER_TENSOR=per_tensor, BLOCK_M=block_m, BLOCK_G=block_g, ROUND_IN_FP32=device.INTERPRET, num_warps=4 if block_g <= 2048 else 8,
@@ -131,7 +132,7 @@ def quantize_fp8_weight(w: torch.Tensor, granularity: str = "row"):
     n, k = w.shape
     if k % FP8_BLOCK:
         raise ValueError(f"block scaling needs K to be a multiple of {FP8_BLOCK}, got {k}")
-    nb = triton.cdiv(n, FP8_BLOCK)
+    nb = cdiv(n, FP8_BLOCK)
     wp = torch.nn.functional.pad(w.float(), (0, 0, 0, nb * FP8_BLOCK - n))
     tiles = wp.reshape(nb, FP8_BLOCK, k // FP8_BLOCK, FP8_BLOCK)
     amax = tiles.abs().amax(dim=(1, 3))
@@ -246,7 +247,7 @@ def fp8_block_matmul(
         raise ValueError(
             f"a_scale must be float32 [{m}, {nk}], got {a_scale.dtype} {tuple(a_scale.shape)}"
         )
-    nb = triton.cdiv(n, FP8_BLOCK)
+    nb = cdiv(n, FP8_BLOCK)
     if tuple(b_scale.shape) != (nb, nk) or b_scale.dtype != torch.float32:
         raise ValueError(
             f"b_scale must be float32 [{nb}, {nk}], got {b_scale.dtype} {tuple(b_scale.shape)}"
@@ -256,7 +257,7 @@ def fp8_block_matmul(
     c = torch.empty(m, n, device=aq.device, dtype=torch.bfloat16)
 
     def grid(meta):
-        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+        return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
 
     _FP8_BLOCK_MM[grid](
         aq, bq, c, a_scale, b_scale, m, n, k,

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import cdiv
 from kernels.quant.ptx import _unpack_int4, _unpack_int8
 from kernels.quant.qgemv import _use_asm
 
@@ -97,7 +98,7 @@ def launch(x, qw, bn, bk, warps, split, prefetch, late, asm=None):
     n, kp = qw.shape[0], qw.data.shape[1]
     y = torch.zeros(1, n, device=x.device, dtype=torch.float32) if split > 1 else torch.empty(
         1, n, device=x.device, dtype=x.dtype)  # fmt: skip
-    _gemv_pf_kernel[(triton.cdiv(n, bn), split)](
+    _gemv_pf_kernel[(cdiv(n, bn), split)](
         x, qw.data, qw.scales, y, n, kp, qw.scales.shape[1], qw.group_size, BITS=qw.bits,
         BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, PREFETCH=prefetch, LATE=late, USE_ASM=_use_asm(x.dtype) if asm is None else asm, num_warps=warps,
         num_stages=1,

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, launch, roofline
+from kernels.launch import cdiv, next_power_of_2
 from kernels.quant import cuda_int4
 from kernels.quant.formats import (
     SUPPORTED_DTYPES,
@@ -334,21 +335,21 @@ def gemv(
         return torch.empty(y_shape, device=x.device, dtype=x.dtype)
     kp = qw.data.shape[1]
     if path == "gemv":
-        block_m = triton.next_power_of_2(m)
+        block_m = next_power_of_2(m)
         plain, split_kernel = _GEMV, _GEMV_SPLIT
-        n_programs = triton.cdiv(n, 32)
+        n_programs = cdiv(n, 32)
     else:
-        block_m = max(16, min(MAX_M_BLOCK, triton.next_power_of_2(m)))
+        block_m = max(16, min(MAX_M_BLOCK, next_power_of_2(m)))
         plain, split_kernel = _QMM, _QMM_SPLIT
-        n_programs = triton.cdiv(n, 32) * triton.cdiv(m, block_m)
-    split = split_k or _pick_split_k(n_programs, triton.cdiv(kp, 128))
+        n_programs = cdiv(n, 32) * cdiv(m, block_m)
+    split = split_k or _pick_split_k(n_programs, cdiv(kp, 128))
     y = torch.empty(m, n, device=x.device, dtype=x.dtype) if split == 1 else None
     if split > 1:
         y = torch.zeros(m, n, device=x.device, dtype=torch.float32)
 
     def grid(meta):
-        tiles_n = triton.cdiv(n, meta["BLOCK_N"])
-        return (tiles_n * (1 if path == "gemv" else triton.cdiv(m, block_m)), split)
+        tiles_n = cdiv(n, meta["BLOCK_N"])
+        return (tiles_n * (1 if path == "gemv" else cdiv(m, block_m)), split)
 
     kernel = plain if split == 1 else split_kernel
     args = (x2, qw.data, qw.scales, y, m, n, kp, qw.scales.shape[1], qw.group_size)
