@@ -210,3 +210,35 @@ def test_score_matmul_against_the_dtype_peak_and_plot():
 def test_score_refuses_an_unknown_kind():
     with pytest.raises(ValueError, match="kind must be one of"):
         grade.score(torch.add, "convolution")
+
+
+def test_an_unwritten_output_element_fails_even_on_recycled_memory():
+    # The output's last element is never written. Without the poison, torch.empty may hand back
+    # memory that already held the right value (here: a freed output of the same computation), and
+    # the mistake would pass; inside check, fresh memory is NaN.
+    def leaves_the_last_element(x, y):
+        torch.empty_like(x).copy_(x + y)  # a right answer, freed at once: the allocator keeps it
+        out = torch.empty_like(x)
+        out[:-1] = (x + y)[:-1]
+        return out
+
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    msg = _fail(leaves_the_last_element, add_ref, grade.cases.vector_add())
+    assert "first wrong element at index (999,)" in msg
+    # The deterministic-mode settings the poison borrows are back as they were.
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.utils.deterministic.fill_uninitialized_memory == fill
+
+
+def test_poisoned_empty_restores_the_settings_it_found():
+    from kernels.grade.core import poisoned_empty
+
+    torch.use_deterministic_algorithms(True)
+    try:
+        with poisoned_empty():
+            assert torch.empty(4).isnan().all()
+            assert torch.empty(2, dtype=torch.int32).eq(torch.iinfo(torch.int32).max).all()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)

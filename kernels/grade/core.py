@@ -5,7 +5,9 @@ See ``kernels.grade`` for how a learner calls them.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -274,6 +276,28 @@ def _compare(out, ref: torch.Tensor, case: Case, args: tuple, atol, rtol) -> Non
     raise AssertionError("\n".join(lines))
 
 
+@contextlib.contextmanager
+def poisoned_empty():
+    """Inside, ``torch.empty`` and its kin return memory filled with NaN (integers: their largest
+    value), through PyTorch's ``fill_uninitialized_memory`` switch of its deterministic mode. An
+    output element the learner's kernel never writes then fails every time, instead of passing
+    when the caching allocator happens to hand back memory that held the right value (a freed
+    output of the same size, say). Operations without a deterministic implementation still run
+    (``warn_only``), their warnings silenced; both settings are restored on the way out."""
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*determinis", category=UserWarning)
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = was_fill
+
+
 def check(
     fn: Callable,
     ref: Callable,
@@ -301,8 +325,9 @@ def check(
             for a in args
         )
         try:
-            out = fn(*args)
-            device.synchronize()  # an asynchronous GPU error surfaces here, with its case
+            with poisoned_empty():
+                out = fn(*args)
+                device.synchronize()  # an asynchronous GPU error surfaces here, with its case
         except Exception as e:  # the learner's code: report it with the case that triggered it
             raise AssertionError(
                 f"case '{case.name}' (inputs {_describe_args(args)}): your function raised "
