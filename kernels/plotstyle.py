@@ -146,20 +146,30 @@ def label_points(
 
 
 def overlapping_texts(fig) -> list[tuple[str, str]]:
-    """Pairs of visible texts on ``fig`` whose drawn boxes overlap (for tests of a figure)."""
+    """Pairs of visible texts on ``fig`` whose drawn boxes overlap (for tests of a figure): the
+    axes' own texts (point labels, annotations) and their tick labels (long category names run
+    into their neighbours)."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    boxes = []
-    for ax in fig.axes:
-        for t in ax.texts:
-            if t.get_visible() and t.get_text().strip():
-                boxes.append((t.get_text().strip(), t.get_window_extent(renderer)))
     pairs = []
-    for i in range(len(boxes)):
-        for j in range(i + 1, len(boxes)):
-            if boxes[i][1].overlaps(boxes[j][1]):
-                pairs.append((boxes[i][0], boxes[j][0]))
+    for ax in fig.axes:  # each group is checked within itself
+        for group in (ax.texts, ax.get_xticklabels(), ax.get_yticklabels()):
+            pairs += _overlaps(group, renderer)
     return pairs
+
+
+def _overlaps(texts, renderer) -> list[tuple[str, str]]:
+    boxes = [
+        (t.get_text().strip(), t.get_window_extent(renderer))
+        for t in texts
+        if t.get_visible() and t.get_text().strip()
+    ]
+    return [
+        (boxes[i][0], boxes[j][0])
+        for i in range(len(boxes))
+        for j in range(i + 1, len(boxes))
+        if boxes[i][1].overlaps(boxes[j][1])
+    ]
 
 
 def save_svg(fig, path: Path) -> Path:

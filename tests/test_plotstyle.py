@@ -103,6 +103,17 @@ def test_overlap_check_is_not_vacuous(styled):
     assert plotstyle.overlapping_texts(fig)
 
 
+def test_overlap_check_sees_tick_labels(styled):
+    # Lab 4b's shape labels, one tuple per line, ran into each other at half the column width.
+    fig, (_, ax) = plotstyle.figure(1, 2)
+    names = ["odd (4000, 3000, 5000)", "skinny (16, 8192, 8192)", "odd, w.t() (4000, 3000, 5000)"]
+    ax.bar(range(3), [1, 2, 3])
+    ax.set_xticks(range(3), names)
+    assert plotstyle.overlapping_texts(fig)
+    ax.set_xticks(range(3), ["odd\n4000 × 3000\n× 5000", "skinny\n16 × 8192\n× 8192", "w.t()"])
+    assert plotstyle.overlapping_texts(fig) == []
+
+
 def test_adjusttext_is_importable():
     import adjustText
 
