@@ -228,10 +228,7 @@ class TunedLauncher(Launcher):
         return compiled
 
     def _jit(self):
-        fn = self.fn.fn
-        while not hasattr(fn, "params"):  # an autotuner over @triton.heuristics over the jit
-            fn = fn.fn
-        return fn
+        return self.fn.fn
 
 
 @functools.cache
