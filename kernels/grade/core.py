@@ -287,7 +287,8 @@ def poisoned_empty():
     was_on = torch.are_deterministic_algorithms_enabled()
     was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     was_fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # A learner who turned strict determinism on keeps it; otherwise nondeterministic ops only warn.
+    torch.use_deterministic_algorithms(True, warn_only=was_warn_only if was_on else True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
         with warnings.catch_warnings():
