@@ -115,14 +115,14 @@ def aligned(t: torch.Tensor) -> bool:
 
 def call_key(args: tuple, meta: dict) -> tuple:
     """A ``Launcher`` key built from the arguments themselves: each tensor's dtype and alignment,
-    each int's and bool's value and type (Triton specialises on ints equal to 1 and multiples of 16), None
-    as itself, floats by type only (never specialised on), then the meta-parameters. Costs a few
-    µs for two dozen arguments; a hot path that knows which of its arguments vary builds a
-    shorter key itself."""
+    each int's and bool's value and type (Triton specialises on ints equal to 1 and multiples of
+    16), None as itself, floats by type only (never specialised on), then the meta-parameters.
+    Costs a few µs for two dozen arguments; a hot path that knows which of its arguments vary
+    builds a shorter key itself."""
     key = []
     for a in args:
         if isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.data_ptr() % 16 == 0))
+            key.append((a.dtype, aligned(a)))
         elif isinstance(a, float):
             key.append(float)
         elif isinstance(a, bool):  # a bool is an int to Python, not to Triton's signature
@@ -161,10 +161,8 @@ class Launcher:
         if hit is None or knobs.runtime.launch_enter_hook.calls:
             return self._first(dev, key, grid, args, meta)
         compiled, tail, full_meta, config = hit
-        if config is not None:
-            self.fn.best_config = (
-                config  # what the autotuner would have set: "the tile chosen last"
-            )
+        if config is not None:  # what the autotuner would have set: the config chosen last
+            self.fn.best_config = config
         if callable(grid):
             grid = grid(full_meta)
         try:

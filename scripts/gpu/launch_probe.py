@@ -3,7 +3,7 @@ Triton's own launch (``launch.FAST = False``), against the PyTorch call they rep
 
 At batch 1 these kernels run for a few µs on the GPU; the rest of a call is the host's. Each row
 times back-to-back calls (``kernels.shapes.host_time``: wall time over the count, median of 5
-loops) and the device time alone (``triton.testing.do_bench``), in one run, on one GPU.
+loops) and the device time alone (``kernels.bench.measure``), in one run, on one GPU.
 
     python scripts/gpu/launch_probe.py [--json OUT]
 """
@@ -16,7 +16,7 @@ import json
 import torch
 import triton
 
-from kernels import launch, mla, norms, paged_attention, quant, shapes, softmax
+from kernels import bench, launch, mla, norms, paged_attention, quant, shapes, softmax
 
 DEV = "cuda"
 BF16 = torch.bfloat16
@@ -68,9 +68,9 @@ def main() -> None:
             torch.cuda.synchronize()
             row["fast_host_us" if fast else "triton_host_us"] = shapes.host_time(ours).ms * 1e3
         launch.FAST = True
-        row["device_us"] = triton.testing.do_bench(ours, warmup=10, rep=50) * 1e3
+        row["device_us"] = bench.measure(ours).ms * 1e3
         row["torch_host_us"] = shapes.host_time(theirs).ms * 1e3
-        row["torch_device_us"] = triton.testing.do_bench(theirs, warmup=10, rep=50) * 1e3
+        row["torch_device_us"] = bench.measure(theirs).ms * 1e3
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(
