@@ -126,3 +126,29 @@ def test_adjusttext_is_importable():
     import adjustText
 
     assert hasattr(adjustText, "adjust_text")
+
+
+def _notebook_code(path) -> str:
+    import json
+
+    cells = json.loads(path.read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def test_every_notebook_that_draws_uses_the_book_style():
+    # One figure style for the whole book: a notebook that makes figures calls plotstyle.use() and
+    # never sets its own resolution, size or fonts through rcParams (Labs 5a and 5c once drew at
+    # 80 dpi with 7 pt legends).
+    import re
+    from pathlib import Path
+
+    offenders = []
+    for path in sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb")):
+        code = _notebook_code(path)
+        if not re.search(r"plt\.|plotstyle\.figure|subplots\(", code):
+            continue
+        if "plotstyle.use()" not in code:
+            offenders.append(f"{path.name}: never calls plotstyle.use()")
+        if re.search(r"rcParams\.update\([^)]*(dpi|figsize|font)", code):
+            offenders.append(f"{path.name}: sets figure dpi/size/fonts through rcParams")
+    assert not offenders, offenders
