@@ -220,6 +220,11 @@ class TunedLauncher(Launcher):
     def fixed(self, grid, args, **meta):
         return self.plain(call_key(args, meta), grid, args, **meta)
 
+    def keyed(self, key, grid, args, **meta):
+        """The same launch with a key the caller built (``Launcher``'s rules): a caller that
+        caches its own plan per input layout skips ``call_key``'s walk over the arguments."""
+        return Launcher.__call__(self, key, grid, args, **meta)
+
     def _first(self, dev, key, grid, args, meta):
         compiled = self.fn[grid](*args, **meta)
         config = self.fn.best_config
