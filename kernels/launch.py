@@ -233,7 +233,10 @@ class TunedLauncher(Launcher):
         return compiled
 
     def _jit(self):
-        return self.fn.fn
+        fn = self.fn.fn
+        while not hasattr(fn, "params"):  # an autotuner over @triton.heuristics over the jit
+            fn = fn.fn
+        return fn
 
 
 @functools.cache
