@@ -132,6 +132,52 @@ def call_key(args: tuple, meta: dict) -> tuple:
     return (*key, *sorted(meta.items()))
 
 
+def layout_key(tensors, *settings) -> tuple | None:
+    """The key of a per-layout plan cache (``Plans``): every tensor's shape, strides, dtype, device
+    and 16-byte alignment, then ``settings`` (hashable call options). None when an input is not a
+    tensor: the caller's checks then say which. Everything Triton specialises a binary on is in
+    it, so it also serves as a ``Launcher`` key for launches whose integer arguments follow from
+    the layout (fresh outputs are always aligned)."""
+    try:
+        metas = [(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors]
+    except AttributeError:
+        return None
+    return (*metas, *settings)
+
+
+class Plans:
+    """A launcher's plans per call layout. A decode step calls each kernel once per layer with the
+    same layout, so whatever follows from the layout alone (the structural checks, grid, sizes,
+    strides, meta-parameters) is worked out on the layout's first call and looked up after:
+    ``plan = plans.get(key)``, then ``plans.put(key, plan)`` once the inputs passed their checks.
+    An unhashable setting (a list where an int belongs) is never cached."""
+
+    MAX_PLANS = 4096
+
+    def __init__(self):
+        self.plans: dict = {}
+
+    def get(self, key):
+        if key is None:
+            return None
+        try:
+            return self.plans.get(key)
+        except TypeError:
+            return None
+
+    def put(self, key, plan):
+        if key is None:
+            return plan
+        try:
+            hash(key)
+        except TypeError:
+            return plan
+        if len(self.plans) >= self.MAX_PLANS:
+            self.plans.clear()
+        self.plans[key] = plan
+        return plan
+
+
 class Launcher:
     """Launch a ``@triton.jit`` kernel, skipping Triton's per-call binding once a call was seen.
 

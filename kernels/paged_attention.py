@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, roofline, sdpa
-from kernels.launch import Launcher, cdiv, next_power_of_2, sm_count, tuned
+from kernels.launch import Launcher, Plans, cdiv, layout_key, next_power_of_2, sm_count, tuned
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -374,19 +374,12 @@ def paged_decode(
     compilation instead of one per candidate: for checks at many small shapes). Returns
     ``[n_seqs, n_heads, head_dim]`` in q's dtype.
     """
-    layout = _layout(q, k_cache, v_cache, block_table, seq_lens, num_splits, config)
-    try:
-        plan = _PLANS.get(layout)
-    except TypeError:  # an unhashable num_splits or config: the checks below reject it
-        layout = plan = None
+    layout = layout_key((q, k_cache, v_cache, block_table, seq_lens), num_splits, config)
+    plan = _PLANS.get(layout)
     if plan is None:  # a layout not seen yet: check the inputs' structure, work out the launch
         _check(q, k_cache, v_cache, block_table, seq_lens, sm_scale, num_splits)
         _check_config(config)
-        plan = _plan(q, k_cache, block_table, num_splits, config)
-        if layout is not None:
-            if len(_PLANS) >= MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[layout] = plan
+        plan = _PLANS.put(layout, _plan(q, k_cache, block_table, num_splits, config))
     scale = _validate.sm_scale(sm_scale, q.shape[2])
     if _validate.check_values(block_table, seq_lens):
         check_lengths_and_blocks(block_table, seq_lens, k_cache.shape[0], k_cache.shape[2])
@@ -423,25 +416,9 @@ class _DecodePlan:
     combine_meta: dict
 
 
-# (every input's shape, strides, dtype, device and 16-byte alignment, num_splits, config) -> its
-# plan. A decode step calls paged_decode once per layer with the same layout, so everything below
-# is worked out (and the inputs' structure checked) once: the Python a call runs is what a GPU
-# kernel of a few µs waits for. The same tuple keys the kernels' launchers.
-_PLANS: dict[tuple, _DecodePlan] = {}
-MAX_PLANS = 4096
-
-
-def _layout(q, k_cache, v_cache, block_table, seq_lens, num_splits, config) -> tuple | None:
-    """The plan key of a call, or None when an input is not a tensor (the checks say which)."""
-    try:
-        tensors = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(block_table), _meta(seq_lens))
-    except AttributeError:
-        return None
-    return (*tensors, num_splits, config)
-
-
-def _meta(t: torch.Tensor) -> tuple:
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
+# paged_decode's plans per input layout (kernels.launch.Plans): the structural checks and the launch
+# arithmetic run once per layout; the layout key also keys the launchers.
+_PLANS = Plans()
 
 
 def _check_config(config) -> None:

@@ -131,3 +131,15 @@ def test_call_key_holds_what_triton_specialises_on():
     assert launch.call_key((a, 16), {}) != launch.call_key((a, 17), {})
     assert launch.call_key((a,), {}) != launch.call_key((a.half(),), {})
     assert launch.call_key((a, 1), {}) != launch.call_key((a, True), {})
+
+
+def test_layout_key_and_plans():
+    a, b = torch.zeros(4, 8), torch.zeros(8, 4).t()  # the same shape, other strides
+    ka, kb = launch.layout_key((a,), 2), launch.layout_key((b,), 2)
+    assert ka != kb and launch.layout_key((a,), 2) == ka
+    assert launch.layout_key((a, [1]), 2) is None  # not a tensor: no plan, the checks speak
+    plans = launch.Plans()
+    assert plans.get(ka) is None and plans.put(ka, "plan") == "plan" and plans.get(ka) == "plan"
+    unhashable = launch.layout_key((a,), [2])
+    assert plans.get(unhashable) is None and plans.put(unhashable, "p") == "p"
+    assert plans.get(unhashable) is None
