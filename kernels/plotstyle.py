@@ -151,10 +151,11 @@ def overlapping_texts(fig) -> list[tuple[str, str]]:
     into their neighbours)."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    pairs = []
-    for ax in fig.axes:  # each group is checked within itself
-        for group in (ax.texts, ax.get_xticklabels(), ax.get_yticklabels()):
-            pairs += _overlaps(group, renderer)
+    pairs = _overlaps([t for ax in fig.axes for t in ax.texts], renderer)  # across panels too
+    for ax in fig.axes:  # tick labels against their neighbours on the same axis
+        pairs += _overlaps(ax.get_xticklabels(), renderer) + _overlaps(
+            ax.get_yticklabels(), renderer
+        )
     return pairs
 
 

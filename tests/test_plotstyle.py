@@ -103,6 +103,14 @@ def test_overlap_check_is_not_vacuous(styled):
     assert plotstyle.overlapping_texts(fig)
 
 
+def test_overlap_check_compares_texts_across_panels(styled):
+    fig, ax = plotstyle.figure()
+    ax.text(0.5, 0.5, "left axis label", transform=ax.transAxes)
+    twin = ax.twinx()
+    twin.text(0.5, 0.5, "right axis label", transform=twin.transAxes)  # drawn on top of it
+    assert plotstyle.overlapping_texts(fig)
+
+
 def test_overlap_check_sees_tick_labels(styled):
     # Lab 4b's shape labels, one tuple per line, ran into each other at half the column width.
     fig, (_, ax) = plotstyle.figure(1, 2)

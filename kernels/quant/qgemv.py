@@ -242,7 +242,8 @@ def max_block_k(k: int, kp: int, group_size: int) -> int:
 # its speed is the bytes in flight: one wave of programs leaves the SMs' load queues short. Measured
 # on an H100 (batch 1, bf16, the CUDA-core kernel at its best tile): at 8192 x 8192 (256 programs,
 # about two per SM) splitting K in two took int8 from 66 to 48 µs and int4 from 43 to 34 µs; at
-# 4096 x 4096, 31 -> 21 µs and 21 -> 14 µs.
+# 4096 x 4096, 31 -> 21 µs and 21 -> 14 µs (this rule splits that one in four, which the probe did
+# not time). The fp32 atomics make a split result's last bits vary from run to run.
 SPLIT_BELOW_PROGRAMS_PER_SM = 2
 
 
