@@ -521,6 +521,9 @@ def mla_decode(
         plan = _DECODE_PLANS.put(
             layout, _decode_plan(q_latent, q_rope, kv_cache, block_table, num_splits)
         )
+    else:  # the settings are in the key by value (True == 1, 2.0 == 2): check their types
+        check_num_splits(num_splits)
+        check_config(config)
     scale = _validate.sm_scale(sm_scale, plan.r + plan.d_rope)
     if _validate.check_values(block_table, seq_lens):
         paged_attention.check_lengths_and_blocks(

@@ -524,7 +524,7 @@ class _BwdPlan:
     """The fused backward's two launches for one layout of (dy, x, weight): everything
     ``_backward`` works out from shapes, strides and alignment alone."""
 
-    contiguous_dy: bool  # dy arrives with column stride 0 (from .sum().backward())
+    copy_dy: bool  # dy must be made contiguous (its last dim has stride 0: .sum().backward())
     n_rows: int
     n_cols: int
     strides: tuple[int, int, int]  # dy's, x's and dx's row strides
@@ -557,8 +557,8 @@ def _backward(dy, x, weight, mean, rstd, has_bias, cfg=None):
         cfg = _BWD_PLANS.get((n_rows, n_cols))
         if cfg is None:
             cfg = _BWD_PLANS[(n_rows, n_cols)] = bwd_config(n_rows, n_cols)
-    contiguous_dy = dy.stride(-1) != 1 and n_cols > 1
-    if contiguous_dy:
+    copy_dy = dy.stride(-1) != 1 and n_cols > 1
+    if copy_dy:
         dy = dy.contiguous()  # an expanded gradient (from .sum().backward()) has column stride 0
     _, x_stride = row_stride("x", x)
     _, dy_stride = row_stride("dy", dy)
@@ -568,7 +568,7 @@ def _backward(dy, x, weight, mean, rstd, has_bias, cfg=None):
     )
     grads = _sum_stacked(partials, weight.dtype)
     if layout is not None and cfg["kernel"] == "fused":
-        plan = _BwdPlan(contiguous_dy, n_rows, n_cols, strides, tuple(partials.shape), main,
+        plan = _BwdPlan(copy_dy, n_rows, n_cols, strides, tuple(partials.shape), main,
                         _sum_launch(partials, weight.dtype))  # fmt: skip
         _BWD_LAYOUTS.put(layout, plan)
     return dx, grads[0], (grads[1] if has_bias else None)
@@ -576,7 +576,7 @@ def _backward(dy, x, weight, mean, rstd, has_bias, cfg=None):
 
 def _backward_planned(p: _BwdPlan, dy, x, weight, mean, rstd, has_bias):
     """``_backward`` for a layout seen before: the same two launches, worked out already."""
-    if p.contiguous_dy:
+    if p.copy_dy:
         dy = dy.contiguous()
     dx = x.new_empty(x.shape)
     partials = x.new_empty(p.partials_shape, dtype=torch.float32)

@@ -299,15 +299,10 @@ def _check(q, k_cache, v_cache, block_table, seq_lens, sm_scale, num_splits):
             f"block_table and seq_lens need one row per sequence of q ({n_seqs}), got "
             f"{tuple(block_table.shape)} and {tuple(seq_lens.shape)}"
         )
-    if num_splits is not None and (
-        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
-    ):
-        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    _check_num_splits(num_splits)
     if k_cache.shape[0] >= 2**31:
         raise ValueError(f"the pool must hold fewer than 2**31 blocks, got {k_cache.shape[0]}")
-    if _validate.check_values(block_table, seq_lens):
-        check_lengths_and_blocks(block_table, seq_lens, k_cache.shape[0], page)
-    return _validate.sm_scale(sm_scale, d)
+    _validate.sm_scale(sm_scale, d)
 
 
 def check_block_ids(
@@ -380,6 +375,9 @@ def paged_decode(
         _check(q, k_cache, v_cache, block_table, seq_lens, sm_scale, num_splits)
         _check_config(config)
         plan = _PLANS.put(layout, _plan(q, k_cache, block_table, num_splits, config))
+    else:  # the settings are in the key by value (True == 1, 2.0 == 2): check their types
+        _check_num_splits(num_splits)
+        _check_config(config)
     scale = _validate.sm_scale(sm_scale, q.shape[2])
     if _validate.check_values(block_table, seq_lens):
         check_lengths_and_blocks(block_table, seq_lens, k_cache.shape[0], k_cache.shape[2])
@@ -419,6 +417,13 @@ class _DecodePlan:
 # paged_decode's plans per input layout (kernels.launch.Plans): the structural checks and the launch
 # arithmetic run once per layout; the layout key also keys the launchers.
 _PLANS = Plans()
+
+
+def _check_num_splits(num_splits) -> None:
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
+    ):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
 
 
 def _check_config(config) -> None:

@@ -275,3 +275,5 @@ def test_a_layout_is_checked_and_planned_once_its_values_on_every_call(monkeypat
         mla.mla_decode(q, qr, kv, table, sl, -1.0, num_splits=2, config=cfg)
     with pytest.raises(ValueError, match="num_splits"):
         mla.mla_decode(q, qr, kv, table, sl, num_splits=[2], config=cfg)
+    with pytest.raises(ValueError, match="num_splits"):
+        mla.mla_decode(q, qr, kv, table, sl, num_splits=2.0, config=cfg)

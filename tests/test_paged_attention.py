@@ -330,3 +330,9 @@ def test_a_layout_is_checked_and_planned_once_its_values_on_every_call(monkeypat
         pa.paged_decode(q, k, v, table, lens, float("inf"), num_splits=2)
     with pytest.raises(ValueError, match="num_splits"):
         pa.paged_decode(q, k, v, table, lens, num_splits=[2])  # unhashable: never planned
+    # Equal in value to a planned setting, but of the wrong type: still rejected.
+    with pytest.raises(ValueError, match="num_splits"):
+        pa.paged_decode(q, k, v, table, lens, num_splits=2.0)
+    pa.paged_decode(q, k, v, table, lens, num_splits=1)
+    with pytest.raises(ValueError, match="num_splits"):
+        pa.paged_decode(q, k, v, table, lens, num_splits=True)
