@@ -132,6 +132,52 @@ def call_key(args: tuple, meta: dict) -> tuple:
     return (*key, *sorted(meta.items()))
 
 
+def layout_key(tensors, *settings) -> tuple | None:
+    """The key of a per-layout plan cache (``Plans``): every tensor's shape, strides, dtype, device
+    and 16-byte alignment, then ``settings`` (hashable call options). None when an input is not a
+    tensor: the caller's checks then say which. Everything Triton specialises a binary on is in
+    it, so it also serves as a ``Launcher`` key for launches whose integer arguments follow from
+    the layout (fresh outputs are always aligned)."""
+    try:
+        metas = [(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors]
+    except (AttributeError, RuntimeError):  # not a tensor, or one without strides (sparse)
+        return None
+    return (*metas, *settings)
+
+
+class Plans:
+    """A launcher's plans per call layout. A decode step calls each kernel once per layer with the
+    same layout, so whatever follows from the layout alone (the structural checks, grid, sizes,
+    strides, meta-parameters) is worked out on the layout's first call and looked up after:
+    ``plan = plans.get(key)``, then ``plans.put(key, plan)`` once the inputs passed their checks.
+    An unhashable setting (a list where an int belongs) is never cached."""
+
+    MAX_PLANS = 4096
+
+    def __init__(self):
+        self.plans: dict = {}
+
+    def get(self, key):
+        if key is None:
+            return None
+        try:
+            return self.plans.get(key)
+        except TypeError:
+            return None
+
+    def put(self, key, plan):
+        if key is None:
+            return plan
+        try:
+            hash(key)
+        except TypeError:
+            return plan
+        if len(self.plans) >= self.MAX_PLANS:
+            self.plans.clear()
+        self.plans[key] = plan
+        return plan
+
+
 class Launcher:
     """Launch a ``@triton.jit`` kernel, skipping Triton's per-call binding once a call was seen.
 
@@ -140,11 +186,14 @@ class Launcher:
     launch options (``num_warps``). ``key`` must determine everything Triton specialises a binary
     on: the dtypes of the tensors, the 16-byte alignment of every pointer, the integer arguments
     (their exact values will do) and ``meta`` (``call_key`` builds one); the launcher adds the
-    device. ``grid`` is a tuple, or a function of the meta-parameters (the config's included, for
-    ``TunedLauncher``) returning one. The first call of a key goes through Triton (compiling if
-    needed) and keeps the compiled kernel; later calls of that key pass the arguments to its C
-    launcher directly. In the interpreter every call goes through Triton. Returns Triton's compiled
-    kernel (None in the interpreter)."""
+    device. ``grid`` is a tuple, or a function of the arguments by name and the meta-parameters
+    (the config's included, for ``TunedLauncher``), as Triton calls it; the key must then fix the
+    grid too (it does when it holds every int argument). The first call of a key goes through
+    Triton (compiling if needed) and keeps the compiled kernel; later calls of that key pass the
+    arguments to its C launcher directly. In the interpreter, or with ``FAST = False``, every call
+    goes through Triton; Triton settings that change its binaries at run time (``knobs``'
+    debug or instrumentation modes) are seen by a key's first call only. Returns Triton's
+    compiled kernel (None in the interpreter)."""
 
     MAX_KEYS = 4096  # distinct calls kept per kernel; past it the cache starts over
 
@@ -158,13 +207,14 @@ class Launcher:
         dev = torch.cuda.current_device()
         hit = self.cache.get((dev, key))
         # A profiler's launch hooks (Proton, for one) want Triton's own path and its metadata.
-        if hit is None or knobs.runtime.launch_enter_hook.calls:
+        hooks = knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls
+        if hit is None or hooks:
             return self._first(dev, key, grid, args, meta)
-        compiled, tail, full_meta, config = hit
+        compiled, tail, launch_grid, config = hit
         if config is not None:  # what the autotuner would have set: the config chosen last
             self.fn.best_config = config
         if callable(grid):
-            grid = grid(full_meta)
+            grid = launch_grid  # worked out on the key's first call: the key fixes every size
         try:
             compiled.run(
                 grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
@@ -180,23 +230,29 @@ class Launcher:
 
     def _first(self, dev, key, grid, args, meta):
         compiled = self.fn[grid](*args, **meta)
-        self._keep(dev, key, compiled, args, meta)
+        self._keep(dev, key, compiled, grid, args, meta)
         return compiled
 
-    def _keep(self, dev, key, compiled, args, meta, config=None):
+    def _keep(self, dev, key, compiled, grid, args, meta, config=None):
+        jit = self._jit()
+        if jit is None or compiled is None:
+            return  # e.g. @triton.heuristics in between: its values are not in meta; no fast path
         # The C launcher takes every parameter in signature order, constexprs included (it skips
-        # them): keep the constexpr values to append after the run-time arguments.
-        params = self._jit().params
+        # them): keep the constexpr values (or their defaults) to append after the run-time args.
+        params = jit.params
         assert not any(p.is_constexpr for p in params[: len(args)]), (
-            f"{self._jit().__name__}: run-time arguments must precede the constexpr parameters"
+            f"{jit.__name__}: run-time arguments must precede the constexpr parameters"
         )
-        tail = tuple(meta[p.name] for p in params[len(args) :])
+        tail = tuple(meta[p.name] if p.name in meta else p.default for p in params[len(args) :])
+        if callable(grid):  # called as Triton calls it: every argument by name, then the meta
+            grid = grid({**{p.name: a for p, a in zip(params, args)}, **meta})
         if len(self.cache) >= self.MAX_KEYS:
             self.cache.clear()
-        self.cache[(dev, key)] = (compiled, tail, meta, config)
+        self.cache[(dev, key)] = (compiled, tail, grid, config)
 
     def _jit(self):
-        return self.fn
+        """The ``@triton.jit`` function whose binaries are kept, or None (no fast path)."""
+        return self.fn if hasattr(self.fn, "params") else None
 
 
 class TunedLauncher(Launcher):
@@ -218,15 +274,22 @@ class TunedLauncher(Launcher):
     def fixed(self, grid, args, **meta):
         return self.plain(call_key(args, meta), grid, args, **meta)
 
+    def keyed(self, key, grid, args, **meta):
+        """The same launch with a key the caller built (``Launcher``'s rules): a caller that
+        caches its own plan per input layout skips ``call_key``'s walk over the arguments."""
+        return Launcher.__call__(self, key, grid, args, **meta)
+
     def _first(self, dev, key, grid, args, meta):
         compiled = self.fn[grid](*args, **meta)
         config = self.fn.best_config
-        if compiled is not None and config.pre_hook is None:
-            self._keep(dev, key, compiled, args, {**meta, **config.all_kwargs()}, config)
+        if config.pre_hook is None:
+            self._keep(dev, key, compiled, grid, args, {**meta, **config.all_kwargs()}, config)
         return compiled
 
     def _jit(self):
-        return self.fn.fn
+        # Over @triton.heuristics (not a jit function) there is no fast path: the heuristics'
+        # values depend on arguments the key may not hold.
+        return self.fn.fn if hasattr(self.fn.fn, "params") else None
 
 
 @functools.cache

@@ -432,9 +432,12 @@ def check_latent_inputs(q_latent, q_rope, kv_cache, block_table, n_queries: int)
     return r, d_rope, page
 
 
-def launch_attention(kernel, grid_rows: int, n_heads: int, splits: int, config, args, **meta):
+def launch_attention(
+    kernel, grid_rows: int, n_heads: int, splits: int, config, args, key=None, **meta
+):
     """Launch an autotuned MLA attention kernel (or, with ``config``, its plain jit function at
-    one tile) over the grid (rows x head blocks, splits)."""
+    one tile) over the grid (rows x head blocks, splits). ``key``: a launcher key the caller
+    built (``kernels.launch.layout_key``); by default one is made from the arguments."""
     if splits > 65535:
         raise ValueError(f"num_splits must be at most 65535, got {splits}")
     if config is None:
@@ -442,7 +445,10 @@ def launch_attention(kernel, grid_rows: int, n_heads: int, splits: int, config, 
         def grid(m):
             return (grid_rows * cdiv(n_heads, m["BLOCK_H"]), splits)
 
-        launch.tuned(kernel)(grid, args, **meta)
+        if key is None:
+            launch.tuned(kernel)(grid, args, **meta)
+        else:
+            launch.tuned(kernel).keyed(key, grid, args, **meta)
     else:
         bh, bn, w, s = config
         grid = (grid_rows * cdiv(n_heads, bh), splits)
@@ -466,15 +472,17 @@ def split_outputs(out: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.T
     return o_dst, lse, o_dst.stride(2)
 
 
-def combine(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
+def combine(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, key=None) -> None:
     """Merge split partial outputs ``o_part: fp32 [..., splits, R]`` with their base-2 log-sum-exps
-    ``lse: [..., splits]`` into ``out: [..., R]`` (all contiguous)."""
+    ``lse: [..., splits]`` into ``out: [..., R]`` (all contiguous). ``key``: as
+    ``launch_attention``'s."""
     splits, r = o_part.shape[-2], o_part.shape[-1]
     n_rows = out.numel() // max(r, 1)
     block_r = min(_dot_pad(r), 64)
     args = (o_part, lse, out, splits)
     meta = dict(R=r, SPLITS_PAD=next_power_of_2(splits), BLOCK_R=block_r)
-    _COMBINE(call_key(args, meta), (n_rows, cdiv(r, block_r)), args, **meta)
+    key = call_key(args, meta) if key is None else key
+    _COMBINE(key, (n_rows, cdiv(r, block_r)), args, **meta)
 
 
 def mla_decode(
@@ -504,10 +512,60 @@ def mla_decode(
     Returns the latent output ``o_lat: [B, H, r]`` in q's dtype (``AbsorbedMLA.output`` maps it to
     per-head values).
     """
+    layout = launch.layout_key(
+        (q_latent, q_rope, kv_cache, block_table, seq_lens), num_splits, config
+    )
+    plan = _DECODE_PLANS.get(layout)
+    if plan is None:  # a layout not seen yet: check the inputs' structure, work out the launch
+        _check_decode(q_latent, q_rope, kv_cache, block_table, seq_lens, num_splits, config)
+        plan = _DECODE_PLANS.put(
+            layout, _decode_plan(q_latent, q_rope, kv_cache, block_table, num_splits)
+        )
+    else:  # the settings are in the key by value (True == 1, 2.0 == 2): check their types
+        check_num_splits(num_splits)
+        check_config(config)
+    scale = _validate.sm_scale(sm_scale, plan.r + plan.d_rope)
+    if _validate.check_values(block_table, seq_lens):
+        paged_attention.check_lengths_and_blocks(
+            block_table, seq_lens, kv_cache.shape[0], plan.page, pool="kv_cache"
+        )
+    out = torch.empty(plan.out_shape, device=q_latent.device, dtype=q_latent.dtype)
+    if plan.splits == 0:  # no sequences or no heads
+        return out
+    n_seqs, n_heads, _ = plan.out_shape
+    o_dst, lse, _ = split_outputs(out, plan.splits)
+    args = (q_latent, q_rope, kv_cache, block_table, seq_lens, o_dst, lse, scale, *plan.sizes)
+    launch_attention(
+        _mla_decode_kernel, n_seqs, n_heads, plan.splits, config, args, key=layout, **plan.meta
+    )
+    if plan.splits > 1:
+        combine(o_dst, lse, out, key=layout)
+    return out
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    """What ``mla_decode`` works out from its inputs' layout alone, once per layout."""
+
+    r: int
+    d_rope: int
+    page: int
+    out_shape: tuple[int, int, int]
+    splits: int  # 0: nothing to launch
+    sizes: tuple  # the kernel's arguments after sm_scale: buckets, sizes, strides
+    meta: dict
+
+
+# mla_decode's plans per input layout (kernels.launch.Plans): its structural checks and launch
+# arithmetic run once per layout; the layout key also keys the launchers.
+_DECODE_PLANS = launch.Plans()
+
+
+def _check_decode(q_latent, q_rope, kv_cache, block_table, seq_lens, num_splits, config) -> None:
     if isinstance(q_latent, torch.Tensor) and q_latent.ndim != 3:
         raise ValueError(f"q_latent must be 3-D [B, H, r], got shape {tuple(q_latent.shape)}")
     n_seqs = q_latent.shape[0] if isinstance(q_latent, torch.Tensor) else 0  # else: TypeError
-    r, d_rope, page = check_latent_inputs(q_latent, q_rope, kv_cache, block_table, n_seqs)
+    check_latent_inputs(q_latent, q_rope, kv_cache, block_table, n_seqs)
     _validate.tensor("seq_lens", seq_lens, dtypes=(torch.int32,), ndim=1)
     if seq_lens.shape[0] != n_seqs or seq_lens.device != q_latent.device:
         raise ValueError(
@@ -516,35 +574,30 @@ def mla_decode(
         )
     check_num_splits(num_splits)
     check_config(config)
-    scale = _validate.sm_scale(sm_scale, r + d_rope)
-    if _validate.check_values(block_table, seq_lens):
-        paged_attention.check_lengths_and_blocks(
-            block_table, seq_lens, kv_cache.shape[0], page, pool="kv_cache"
-        )
 
-    n_heads = q_latent.shape[1]
-    out = torch.empty(n_seqs, n_heads, r, device=q_latent.device, dtype=q_latent.dtype)
+
+def _decode_plan(q_latent, q_rope, kv_cache, block_table, num_splits) -> _DecodePlan:
+    n_seqs, n_heads, r = q_latent.shape
+    _, page, width = kv_cache.shape
+    d_rope = width - r
     if n_seqs == 0 or n_heads == 0:
-        return out
+        return _DecodePlan(r, d_rope, page, (n_seqs, n_heads, r), 0, (), {})
     max_tokens = block_table.shape[1] * page
     splits = num_splits or default_num_splits(n_seqs, max_tokens)
-    o_dst, lse, stride_osplit = split_outputs(out, splits)
-    args = (
-        q_latent, q_rope, kv_cache, block_table, seq_lens, o_dst, lse,
-        scale, next_power_of_2(n_seqs), next_power_of_2(max_tokens), splits, n_heads,
+    # split_outputs' tensors are fresh and contiguous: [B, H, r], or fp32 [B, H, splits, r]
+    o_strides = (n_heads * r, r, 0) if splits == 1 else (n_heads * splits * r, splits * r, r)
+    sizes = (
+        next_power_of_2(n_seqs), next_power_of_2(max_tokens), splits, n_heads,
         kv_cache.shape[0], max_tokens,
         q_latent.stride(0), q_latent.stride(1), q_rope.stride(0), q_rope.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-        o_dst.stride(0), o_dst.stride(1), stride_osplit,
+        *o_strides,
     )  # fmt: skip
-    launch_attention(
-        _mla_decode_kernel, n_seqs, n_heads, splits, config, args,
+    meta = dict(
         R=r, ROPE=d_rope, R_PAD=_dot_pad(r), ROPE_PAD=_dot_pad(d_rope), PAGE_SIZE=page,
         DIRECT=splits == 1, FP32_EXACT=q_latent.dtype == torch.float32,
     )  # fmt: skip
-    if splits > 1:
-        combine(o_dst, lse, out)
-    return out
+    return _DecodePlan(r, d_rope, page, (n_seqs, n_heads, r), splits, sizes, meta)
 
 
 def chosen_config(kernel=None) -> dict | None:

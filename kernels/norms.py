@@ -31,12 +31,23 @@ matrix into column chunks, re-reads ``x`` and ``dy`` and writes ``dx`` (five pas
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels import bench, device, roofline
-from kernels.launch import Launcher, aligned, cdiv, next_power_of_2, resident_programs, sm_count
+from kernels.launch import (
+    Launcher,
+    Plans,
+    aligned,
+    cdiv,
+    layout_key,
+    next_power_of_2,
+    resident_programs,
+    sm_count,
+)
 from kernels.rows import (
     check_device,
     check_float,
@@ -508,8 +519,34 @@ _RESIDENT: dict[tuple, int] = {}  # resident programs of each compiled backward 
 _BWD_PLANS: dict[tuple, dict] = {}
 
 
+@dataclass(frozen=True)
+class _BwdPlan:
+    """The fused backward's two launches for one layout of (dy, x, weight): everything
+    ``_backward`` works out from shapes, strides and alignment alone."""
+
+    copy_dy: bool  # dy must be made contiguous (its last dim has stride 0: .sum().backward())
+    n_rows: int
+    n_cols: int
+    strides: tuple[int, int, int]  # dy's, x's and dx's row strides
+    partials_shape: tuple[int, int, int]
+    launch: tuple  # the backward kernel's (key, grid, meta)
+    sum_launch: tuple  # the partial sums' reduction's (key, grid, meta)
+
+
+# (dy, x, weight, rstd (and mean) layouts, bias or not) -> the fused backward's plan. A training step
+# calls the backward with the same layouts on every step: the launch arithmetic runs once.
+_BWD_LAYOUTS = Plans()
+
+
 def _backward(dy, x, weight, mean, rstd, has_bias, cfg=None):
     """dx, dweight, dbias (None without a bias) for x viewed as rows."""
+    layout = None
+    if cfg is None:
+        saved = (rstd,) if mean is None else (rstd, mean)
+        layout = layout_key((dy, x, weight, *saved), has_bias)
+        plan = _BWD_LAYOUTS.get(layout)
+        if plan is not None:
+            return _backward_planned(plan, dy, x, weight, mean, rstd, has_bias)
     n_cols = x.shape[-1]
     dx = x.new_empty(x.shape)
     n_rows = x.numel() // n_cols if n_cols else 0
@@ -520,14 +557,37 @@ def _backward(dy, x, weight, mean, rstd, has_bias, cfg=None):
         cfg = _BWD_PLANS.get((n_rows, n_cols))
         if cfg is None:
             cfg = _BWD_PLANS[(n_rows, n_cols)] = bwd_config(n_rows, n_cols)
-    if dy.stride(-1) != 1 and n_cols > 1:
+    copy_dy = dy.stride(-1) != 1 and n_cols > 1
+    if copy_dy:
         dy = dy.contiguous()  # an expanded gradient (from .sum().backward()) has column stride 0
     _, x_stride = row_stride("x", x)
     _, dy_stride = row_stride("dy", dy)
-    partials = _launch_bwd_rows(
-        dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, (dy_stride, x_stride, n_cols), cfg
-    )[1]
+    strides = (dy_stride, x_stride, n_cols)
+    _, partials, main = _launch_bwd_rows(
+        dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, strides, cfg
+    )
     grads = _sum_stacked(partials, weight.dtype)
+    if layout is not None and cfg["kernel"] == "fused":
+        plan = _BwdPlan(copy_dy, n_rows, n_cols, strides, tuple(partials.shape), main,
+                        _sum_launch(partials, weight.dtype))  # fmt: skip
+        _BWD_LAYOUTS.put(layout, plan)
+    return dx, grads[0], (grads[1] if has_bias else None)
+
+
+def _backward_planned(p: _BwdPlan, dy, x, weight, mean, rstd, has_bias):
+    """``_backward`` for a layout seen before: the same two launches, worked out already."""
+    if p.copy_dy:
+        dy = dy.contiguous()
+    dx = x.new_empty(x.shape)
+    partials = x.new_empty(p.partials_shape, dtype=torch.float32)
+    dw_part = partials[0]
+    db_part = partials[1] if has_bias else dw_part
+    args = (dy, x, weight, rstd if mean is None else mean, rstd, dx, dw_part, db_part)
+    key, grid, meta = p.launch
+    _BWD["fused"](key, grid, (*args, p.n_rows, p.n_cols, *p.strides), **meta)
+    grads = partials.new_empty((p.partials_shape[0], p.n_cols), dtype=weight.dtype)
+    key, grid, meta = p.sum_launch
+    _DW(key, grid, (partials, grads, p.partials_shape[1], p.n_cols), **meta)
     return dx, grads[0], (grads[1] if has_bias else None)
 
 
@@ -536,7 +596,7 @@ def _launch_bwd(dy2, x2, weight, mean, rstd, dx2, has_bias, cfg):
     dw partial sums, db partial sums): ``_sum_partials`` finishes each."""
     n_rows, n_cols = x2.shape
     strides = (dy2.stride(0), x2.stride(0), dx2.stride(0))
-    kernel, partials = _launch_bwd_rows(
+    kernel, partials, _ = _launch_bwd_rows(
         dy2, x2, weight, mean, rstd, dx2, has_bias, n_rows, n_cols, strides, cfg
     )
     return kernel, partials[0], (partials[1] if has_bias else partials[0])
@@ -560,7 +620,8 @@ def _bwd_programs(dy, x, weight, mean, rstd, dx, n_rows, n_cols, strides, meta) 
 
 def _launch_bwd_rows(dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, strides, cfg):
     """The backward kernel(s) on tensors of ``n_rows`` rows with row ``strides`` (dy, x, dx);
-    returns (compiled dx kernel, stacked fp32 partial sums [1 or 2, n_partials, n_cols])."""
+    returns (compiled dx kernel, stacked fp32 partial sums [1 or 2, n_partials, n_cols], and the
+    main launch's (launcher key, grid, meta))."""
     is_rms = mean is None
     mean = rstd if is_rms else mean
     meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, num_warps=cfg["num_warps"])
@@ -595,7 +656,7 @@ def _launch_bwd_rows(dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, st
         args = (dy, x, weight, mean, rstd, c1, c2, dx, partials[0], db_part, n_rows, n_cols)
         args += strides
     kernel = _BWD[cfg["kernel"]](key, grid, args, **meta)
-    return kernel, partials
+    return kernel, partials, (key, grid, meta)
 
 
 def _sum_stacked(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -603,11 +664,18 @@ def _sum_stacked(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     ``dtype``, one launch for all k."""
     k, n_partials, n_cols = partials.shape
     out = partials.new_empty((k, n_cols), dtype=dtype)
+    key, grid, meta = _sum_launch(partials, dtype)
+    _DW(key, grid, (partials, out, n_partials, n_cols), **meta)
+    return out
+
+
+def _sum_launch(partials: torch.Tensor, dtype: torch.dtype) -> tuple:
+    """(launcher key, grid, meta) of ``_sum_stacked``'s reduction."""
+    k, n_partials, n_cols = partials.shape
     block_n = min(next_power_of_2(n_cols), 256)
     grid = (cdiv(n_cols, block_n), k)
     key = (dtype, k, n_partials, n_cols, aligned(partials))
-    _DW(key, grid, (partials, out, n_partials, n_cols), BLOCK_P=32, BLOCK_N=block_n, num_warps=4)
-    return out
+    return key, grid, dict(BLOCK_P=32, BLOCK_N=block_n, num_warps=4)
 
 
 def _sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

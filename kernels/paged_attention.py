@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, roofline, sdpa
-from kernels.launch import Launcher, call_key, cdiv, next_power_of_2, sm_count, tuned
+from kernels.launch import Launcher, Plans, cdiv, layout_key, next_power_of_2, sm_count, tuned
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -299,15 +299,10 @@ def _check(q, k_cache, v_cache, block_table, seq_lens, sm_scale, num_splits):
             f"block_table and seq_lens need one row per sequence of q ({n_seqs}), got "
             f"{tuple(block_table.shape)} and {tuple(seq_lens.shape)}"
         )
-    if num_splits is not None and (
-        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
-    ):
-        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    _check_num_splits(num_splits)
     if k_cache.shape[0] >= 2**31:
         raise ValueError(f"the pool must hold fewer than 2**31 blocks, got {k_cache.shape[0]}")
-    if _validate.check_values(block_table, seq_lens):
-        check_lengths_and_blocks(block_table, seq_lens, k_cache.shape[0], page)
-    return _validate.sm_scale(sm_scale, d)
+    _validate.sm_scale(sm_scale, d)
 
 
 def check_block_ids(
@@ -374,7 +369,64 @@ def paged_decode(
     compilation instead of one per candidate: for checks at many small shapes). Returns
     ``[n_seqs, n_heads, head_dim]`` in q's dtype.
     """
-    scale = _check(q, k_cache, v_cache, block_table, seq_lens, sm_scale, num_splits)
+    layout = layout_key((q, k_cache, v_cache, block_table, seq_lens), num_splits, config)
+    plan = _PLANS.get(layout)
+    if plan is None:  # a layout not seen yet: check the inputs' structure, work out the launch
+        _check(q, k_cache, v_cache, block_table, seq_lens, sm_scale, num_splits)
+        _check_config(config)
+        plan = _PLANS.put(layout, _plan(q, k_cache, block_table, num_splits, config))
+    else:  # the settings are in the key by value (True == 1, 2.0 == 2): check their types
+        _check_num_splits(num_splits)
+        _check_config(config)
+    scale = _validate.sm_scale(sm_scale, q.shape[2])
+    if _validate.check_values(block_table, seq_lens):
+        check_lengths_and_blocks(block_table, seq_lens, k_cache.shape[0], k_cache.shape[2])
+    out = torch.empty(plan.out_shape, device=q.device, dtype=q.dtype)
+    if plan.grid is None:  # no sequences or no heads
+        return out
+    if plan.part_shape is None:  # one split: the kernel writes the output (lse is unused)
+        o_dst = lse = out
+    else:
+        o_dst = torch.empty(plan.part_shape, device=q.device, dtype=torch.float32)
+        lse = torch.empty(plan.part_shape[:-1], device=q.device, dtype=torch.float32)
+    args = (q, k_cache, v_cache, block_table, seq_lens, o_dst, lse, scale, *plan.sizes)
+    split = tuned(_paged_decode_split_kernel)
+    if config is None:
+        split.keyed(layout, plan.grid, args, **plan.meta)
+    else:  # one fixed tile, no autotuner
+        split.fixed(plan.grid, args, **plan.meta, **plan.tile)
+    if plan.part_shape is not None:
+        args = (o_dst, lse, out, plan.part_shape[2])
+        _COMBINE(layout, (plan.out_shape[0] * plan.out_shape[1],), args, **plan.combine_meta)
+    return out
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    """What ``paged_decode`` works out from its inputs' layout alone, once per layout."""
+
+    out_shape: tuple[int, int, int]
+    part_shape: tuple[int, int, int, int] | None  # the fp32 partial outputs (None: one split)
+    sizes: tuple  # the split kernel's arguments after sm_scale: buckets, sizes, strides
+    meta: dict
+    tile: dict  # a fixed config's BLOCK_N, num_warps, num_stages ({} under the autotuner)
+    grid: tuple[int, int, int] | None  # None: nothing to launch
+    combine_meta: dict
+
+
+# paged_decode's plans per input layout (kernels.launch.Plans): the structural checks and the launch
+# arithmetic run once per layout; the layout key also keys the launchers.
+_PLANS = Plans()
+
+
+def _check_num_splits(num_splits) -> None:
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
+    ):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+
+
+def _check_config(config) -> None:
     if config is not None and (
         not isinstance(config, tuple)
         or len(config) != 3
@@ -386,46 +438,39 @@ def paged_decode(
             f"config must be (BLOCK_N, num_warps, num_stages) with BLOCK_N a power of two >= 16, "
             f"got {config!r}"
         )
+
+
+def _plan(q, k_cache, block_table, num_splits, config) -> _DecodePlan:
     n_seqs, n_heads, d = q.shape
     _, n_kv, page, _ = k_cache.shape
-    out = torch.empty(n_seqs, n_heads, d, device=q.device, dtype=q.dtype)
+    tile = {}
+    if config is not None:
+        tile = {"BLOCK_N": config[0], "num_warps": config[1], "num_stages": config[2]}
     if n_seqs == 0 or n_heads == 0:
-        return out
-    max_blocks = block_table.shape[1]
-    splits = num_splits or default_num_splits(n_seqs, n_kv, max_blocks * page)
+        return _DecodePlan((n_seqs, n_heads, d), None, (), {}, tile, None, {})
+    max_tokens = block_table.shape[1] * page
+    splits = num_splits or default_num_splits(n_seqs, n_kv, max_tokens)
     group = n_heads // n_kv
-    group_pad = max(16, next_power_of_2(group))
-    if splits == 1:
-        o_dst, lse = out, out  # lse is unused with one split
-    else:
-        o_dst = torch.empty(n_seqs, n_heads, splits, d, device=q.device, dtype=torch.float32)
-        lse = torch.empty(n_seqs, n_heads, splits, device=q.device, dtype=torch.float32)
-    stride_osplit = o_dst.stride(2) if splits > 1 else 0
-    args = (
-        q, k_cache, v_cache, block_table, seq_lens, o_dst, lse,
-        scale, next_power_of_2(n_seqs), next_power_of_2(max_blocks * page), splits, group,
-        k_cache.shape[0], max_blocks * page,
+    if splits == 1:  # the output itself, contiguous [n_seqs, n_heads, d]
+        part_shape, o_strides = None, (n_heads * d, d, 0)
+    else:  # fp32 partials [n_seqs, n_heads, splits, d], contiguous
+        part_shape, o_strides = (n_seqs, n_heads, splits, d), (n_heads * splits * d, splits * d, d)
+    sizes = (
+        next_power_of_2(n_seqs), next_power_of_2(max_tokens), splits, group,
+        k_cache.shape[0], max_tokens,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0),
-        o_dst.stride(0), o_dst.stride(1), stride_osplit,
+        *o_strides,
     )  # fmt: skip
     meta = dict(
-        HEAD_DIM=d, PAGE_SIZE=page, GROUP_PAD=group_pad, DIRECT=splits == 1,
-        FP32_EXACT=q.dtype == torch.float32,
+        HEAD_DIM=d, PAGE_SIZE=page, GROUP_PAD=max(16, next_power_of_2(group)),
+        DIRECT=splits == 1, FP32_EXACT=q.dtype == torch.float32,
     )  # fmt: skip
-    grid = (n_seqs, n_kv, splits)
-    if config is None:
-        tuned(_paged_decode_split_kernel)(grid, args, **meta)
-    else:  # one fixed tile, no autotuner
-        tuned(_paged_decode_split_kernel).fixed(
-            grid, args, **meta, BLOCK_N=config[0], num_warps=config[1], num_stages=config[2]
-        )
-    if splits > 1:
-        args = (o_dst, lse, out, splits)
-        meta = dict(HEAD_DIM=d, SPLITS_PAD=next_power_of_2(splits))
-        _COMBINE(call_key(args, meta), (n_seqs * n_heads,), args, **meta)
-    return out
+    combine_meta = dict(HEAD_DIM=d, SPLITS_PAD=next_power_of_2(splits))
+    return _DecodePlan(
+        (n_seqs, n_heads, d), part_shape, sizes, meta, tile, (n_seqs, n_kv, splits), combine_meta
+    )
 
 
 # ----------------------------------------------------------------------------- references

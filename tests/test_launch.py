@@ -53,7 +53,8 @@ class Tuner:
         def launch_(*args, **meta):
             self.best_config = self.config
             if callable(grid):
-                resolved = grid({**meta, **self.config.all_kwargs()})
+                named = {p.name: a for p, a in zip(self.fn.params, args)}
+                resolved = grid({**named, **meta, **self.config.all_kwargs()})
             else:
                 resolved = grid
             self.calls.append(("autotune", resolved, args, meta))
@@ -131,3 +132,57 @@ def test_call_key_holds_what_triton_specialises_on():
     assert launch.call_key((a, 16), {}) != launch.call_key((a, 17), {})
     assert launch.call_key((a,), {}) != launch.call_key((a.half(),), {})
     assert launch.call_key((a, 1), {}) != launch.call_key((a, True), {})
+
+
+def test_layout_key_and_plans():
+    a, b = torch.zeros(4, 8), torch.zeros(8, 4).t()  # the same shape, other strides
+    ka, kb = launch.layout_key((a,), 2), launch.layout_key((b,), 2)
+    assert ka != kb and launch.layout_key((a,), 2) == ka
+    assert launch.layout_key((a, [1]), 2) is None  # not a tensor: no plan, the checks speak
+    plans = launch.Plans()
+    assert plans.get(ka) is None and plans.put(ka, "plan") == "plan" and plans.get(ka) == "plan"
+    unhashable = launch.layout_key((a,), [2])
+    assert plans.get(unhashable) is None and plans.put(unhashable, "p") == "p"
+    assert plans.get(unhashable) is None
+
+
+def test_a_grid_function_sees_the_arguments_by_name_on_every_call(gpu_mode):
+    # As Triton calls it: run-time arguments by name and the meta-parameters (a tutorial grid
+    # reads the size). The fast path reuses the grid the key's first call worked out.
+    calls = []
+    launcher = launch.TunedLauncher(Tuner(calls))
+
+    def grid(m):
+        return (m["n"] * 64 // m["BLOCK"],)
+
+    for _ in range(2):
+        launcher(grid, ("X", 512), FLAG=True)
+    assert calls[-1][0] == "fast" and calls[-1][1][:3] == (256, 1, 1)
+
+
+def test_no_fast_path_over_heuristics_or_with_launch_hooks(gpu_mode, monkeypatch):
+    calls = []
+    tuner = Tuner(calls)
+    tuner.fn = SimpleNamespace(fn=tuner.fn)  # @triton.heuristics between tuner and jit: no params
+    launcher = launch.TunedLauncher(tuner)
+    for _ in range(2):
+        launcher((4,), ("X", 5), FLAG=True)
+        assert calls[-1][0] == "autotune"
+    # A profiler's exit hook alone also wants Triton's own path.
+    hooks = SimpleNamespace(launch_enter_hook=SimpleNamespace(calls=[]),
+                            launch_exit_hook=SimpleNamespace(calls=[print]))  # fmt: skip
+    plain = launch.Launcher(Fn(calls))
+    plain(("k",), (1,), ("X", 5), FLAG=True, BLOCK=8)
+    monkeypatch.setattr(launch, "knobs", SimpleNamespace(runtime=hooks))
+    plain(("k",), (1,), ("X", 5), FLAG=True, BLOCK=8)
+    assert calls[-1][0] == "triton"
+
+
+def test_a_constexpr_left_at_its_default_is_passed_to_the_fast_path(gpu_mode):
+    calls = []
+    fn = Fn(calls)
+    fn.params[-1].default = False  # FLAG defaults to False and the caller leaves it out
+    launcher = launch.Launcher(fn)
+    for _ in range(2):
+        launcher(("k",), (2,), ("X", 5), BLOCK=8)
+    assert calls[-1] == ("fast", (2, 1, 1, 7, "fn", "meta", None, None, None, "X", 5, 8, False))

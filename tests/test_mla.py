@@ -252,3 +252,28 @@ def test_cuda_graph_capture(splits):
         lambda: mla.mla_decode(q, qr, kv, table, lens, num_splits=splits)
     )
     assert torch.equal(eager, graphed)
+
+
+def test_a_layout_is_checked_and_planned_once_its_values_on_every_call(monkeypatch):
+    """As paged_decode: the structural checks run on a layout's first call, the values (lengths,
+    block ids) and sm_scale on every call, and a new layout is checked afresh."""
+    q, qr, kv, table, sl = mla.decode_case([21, 6], 3, 16, 16, block_size=4, dtype=torch.float32)
+    cfg = latent_config(torch.float32)
+    calls = []
+    check = mla._check_decode
+    monkeypatch.setattr(mla, "_check_decode", lambda *a: calls.append(1) or check(*a))
+    want = mla.mla_decode(q, qr, kv, table, sl, num_splits=2, config=cfg)
+    assert torch.equal(mla.mla_decode(q, qr, kv, table, sl, num_splits=2, config=cfg), want)
+    assert len(calls) == 1
+    bad = sl.clone()
+    bad[1] = 10**6
+    with pytest.raises(ValueError, match="seq_lens"):
+        mla.mla_decode(q, qr, kv, table, bad, num_splits=2, config=cfg)
+    with pytest.raises(TypeError, match="block_table"):
+        mla.mla_decode(q, qr, kv, table.long(), sl, num_splits=2, config=cfg)
+    with pytest.raises(ValueError, match="sm_scale"):
+        mla.mla_decode(q, qr, kv, table, sl, -1.0, num_splits=2, config=cfg)
+    with pytest.raises(ValueError, match="num_splits"):
+        mla.mla_decode(q, qr, kv, table, sl, num_splits=[2], config=cfg)
+    with pytest.raises(ValueError, match="num_splits"):
+        mla.mla_decode(q, qr, kv, table, sl, num_splits=2.0, config=cfg)

@@ -307,3 +307,32 @@ def test_cuda_graph_capture(splits):
         lambda: pa.paged_decode(q, k, v, table, lens, num_splits=splits)
     )
     assert torch.equal(eager, graphed)
+
+
+def test_a_layout_is_checked_and_planned_once_its_values_on_every_call(monkeypatch):
+    """The launch plan is kept per input layout: the structural checks run on a layout's first
+    call only; the values (lengths, block ids) are checked on every call where they are checked
+    at all, and a new layout (another dtype, shape or stride) is checked afresh."""
+    q, k, v, table, lens = _case([9, 20], 4, 2, 16, 8, torch.float32, seed=5)
+    calls = []
+    check = pa._check
+    monkeypatch.setattr(pa, "_check", lambda *a: calls.append(1) or check(*a))
+    want = pa.paged_decode(q, k, v, table, lens, num_splits=2)
+    assert torch.equal(pa.paged_decode(q, k, v, table, lens, num_splits=2), want)
+    assert len(calls) == 1
+    bad = lens.clone()
+    bad[0] = 10**6  # past the table's capacity: same layout, bad value
+    with pytest.raises(ValueError, match="seq_lens"):
+        pa.paged_decode(q, k, v, table, bad, num_splits=2)
+    with pytest.raises(TypeError, match="block_table"):
+        pa.paged_decode(q, k, v, table.long(), lens, num_splits=2)  # a new layout: checked
+    with pytest.raises(ValueError, match="sm_scale"):
+        pa.paged_decode(q, k, v, table, lens, float("inf"), num_splits=2)
+    with pytest.raises(ValueError, match="num_splits"):
+        pa.paged_decode(q, k, v, table, lens, num_splits=[2])  # unhashable: never planned
+    # Equal in value to a planned setting, but of the wrong type: still rejected.
+    with pytest.raises(ValueError, match="num_splits"):
+        pa.paged_decode(q, k, v, table, lens, num_splits=2.0)
+    pa.paged_decode(q, k, v, table, lens, num_splits=1)
+    with pytest.raises(ValueError, match="num_splits"):
+        pa.paged_decode(q, k, v, table, lens, num_splits=True)
