@@ -18,5 +18,9 @@ if "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 # Triton 3.x warns once about this default under -W error; make the default explicit instead.
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from kernels import _interpreter_compat
+
+    _interpreter_compat.apply()  # NumPy 2.4+ and Triton 3.6's interpreter (see that module)
 
 __version__ = "0.1.0"

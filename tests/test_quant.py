@@ -351,6 +351,23 @@ def test_quantize_fp8(gran):
         torch.testing.assert_close(deq, ref.dequantize())
 
 
+@pytest.mark.parametrize("gran", ["tensor", "row", "block"])
+def test_quantize_fp8_without_fp8_hardware_matches_the_kernel(gran, monkeypatch):
+    # A GPU before compute capability 8.9 (a T4) quantizes in PyTorch: same scales, same bytes.
+    import dataclasses
+
+    x = torch.randn(7, 384, device=DEV) * torch.logspace(-3, 2, 384, device=DEV)
+    x[3] = 0.0  # an all-zero row keeps scale 1
+    want_q, want_s = quant.quantize_fp8(x, gran)
+    cap = dataclasses.replace(device.capabilities(), fp8=False)
+    monkeypatch.setattr(device, "GPU_MODE", True)
+    monkeypatch.setattr(device, "capabilities", lambda: cap)
+    q, s = quant.quantize_fp8(x, gran)
+    assert q.dtype == want_q.dtype and s.shape == want_s.shape
+    torch.testing.assert_close(s, want_s, rtol=0, atol=0)
+    assert torch.equal(q.float(), want_q.float())  # (the interpreter may drop the sign of a zero)
+
+
 def test_quantize_fp8_static_scale_and_errors():
     x = torch.randn(4, 128, device=DEV)
     q, s = quant.quantize_fp8(x, "tensor", scale=torch.tensor(0.001, device=DEV))

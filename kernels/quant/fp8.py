@@ -78,6 +78,7 @@ def quantize_fp8(
     x: torch.Tensor, granularity: str = "row", *, scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x: [M, K]`` to fp8 e4m3 in one Triton pass; returns ``(q, scale)``, ``x ≈ q * scale``.
+    On a GPU without fp8 (before compute capability 8.9) the same arithmetic runs in PyTorch.
 
     ``granularity``: "tensor" (one scale, ``scale`` shape ``[]``; from the current amax unless
     ``scale`` is given, as a calibrated static scale would be), "row" (``[M, 1]``, what
@@ -107,6 +108,16 @@ def quantize_fp8(
         group, n_groups, per_tensor = FP8_BLOCK, k // FP8_BLOCK, False
     if not per_tensor:
         s = torch.empty(m, n_groups, device=x.device, dtype=torch.float32)
+    if device.GPU_MODE and not device.capabilities().fp8:
+        # No fp8 conversion in hardware (a T4; Triton refuses e4m3 below compute capability 8.9):
+        # the kernel's arithmetic in PyTorch, whose cast to fp8 runs in software on any GPU.
+        groups = x.float().reshape(m, n_groups, group)
+        if not per_tensor:
+            amax = groups.abs().amax(dim=2)
+            s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        scales = s.reshape(1, 1, 1) if per_tensor else s[:, :, None]
+        q = (groups / scales).clamp(-FP8_MAX, FP8_MAX).reshape(m, k).to(fp8_dtype())
+        return q, (s.reshape(()) if per_tensor else s)
     block_g = next_power_of_2(group)
     if block_g > 16384:
         raise ValueError(f"row-wise fp8 quantization handles K up to 16384, got {k}")

@@ -1,0 +1,34 @@
+"""The interpreter's NumPy 2.4 shim (kernels/_interpreter_compat.py): a loop over a runtime bound."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from kernels import _interpreter_compat, device
+
+
+@triton.jit
+def _strided_sum_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, n, BLOCK):  # the bound is a runtime scalar: __index__ in the interpreter
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr, tl.sum(acc, axis=0))
+
+
+def test_needs_patch_matches_this_numpy():
+    import numpy as np
+
+    major, minor = (int(p) for p in np.__version__.split(".")[:2])
+    assert _interpreter_compat.needs_patch() == ((major, minor) >= (2, 4))
+
+
+@pytest.mark.skipif(not device.INTERPRET, reason="the shim patches the CPU interpreter only")
+def test_patched_interpreter_runs_a_loop_over_a_runtime_bound():
+    _interpreter_compat.apply(force=True)  # idempotent; forced so NumPy < 2.4 runs the patched path
+    _interpreter_compat.apply(force=True)
+    x = torch.arange(1000, dtype=torch.float32)
+    out = torch.empty(1, dtype=torch.float32)
+    _strided_sum_kernel[(1,)](x, out, x.numel(), BLOCK=128)
+    assert out.item() == pytest.approx(x.sum().item())
