@@ -136,3 +136,23 @@ def test_kernels_honour_forced_flags(monkeypatch):
     finally:
         device.capabilities.cache_clear()
         qgemv._use_asm.cache_clear()
+
+
+def test_newest_forced_caps_log_passes_every_notebook():
+    # Issue 20's rehearsal of a T4 (make gpu-forced-caps) is kept as a log: its newest one must show
+    # every notebook of the book passing on its fallbacks (the last result of each, when one was
+    # re-run after a fix). A new notebook needs a new run.
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    logs = sorted((root / "results" / "gpu-test").glob("*-forced-caps.log"))
+    assert logs, "no forced-caps log in results/gpu-test/: run make gpu-forced-caps on a GPU"
+    text = logs[-1].read_text()
+    assert "GPU_BRRR_FORCE_CAPS=no-bf16,no-tma,no-fp8" in text
+    last = {}
+    for name, result in re.findall(r"^#\s+(\d\d[a-z]-[\w-]+)\s+(passed|FAILED)\s", text, re.M):
+        last[name] = result
+    notebooks = {p.stem for p in (root / "notebooks").glob("*.ipynb")}
+    assert notebooks <= set(last), f"not in {logs[-1].name}: {sorted(notebooks - set(last))}"
+    assert all(last[n] == "passed" for n in notebooks), {n: last[n] for n in notebooks}
