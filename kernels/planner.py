@@ -783,6 +783,17 @@ def _allreduce_busbw(records: list[dict], n: int) -> float:
     return max(rows, key=lambda r: (r["shape"][0], r["gbps"]))["gbps"]
 
 
+def _one_run(records: list[dict], steps: list[dict]) -> list[dict]:
+    """The records of one day's run: the date whose DDP/FSDP steps cover the most GPU counts (the
+    newest such date on a tie). A later run on fewer GPUs must not pair its steps with an earlier
+    run's one-GPU baseline and bandwidths: timings compare within one run only."""
+    counts: dict[str, set[int]] = {}
+    for r in steps:
+        counts.setdefault(r["date"], set()).add(_n_gpus(r["variant"]))
+    date = max(counts, key=lambda d: (len(counts[d]), d))
+    return [r for r in records if r.get("date") == date]
+
+
 def validate(records: list[dict], gpu: str = "H200-SXM") -> dict:
     """Predict the measured Act 5 DDP/FSDP steps and compare.
 
@@ -791,12 +802,14 @@ def validate(records: list[dict], gpu: str = "H200-SXM") -> dict:
     (``FP32_AUTOCAST_ADAM``), one micro-batch, DDP = ZeRO-0, FSDP = ZeRO-3, nothing overlapped.
     The one calibrated constant is the ``mfu`` of this GPU, fitted so that the 1-GPU DDP step is
     reproduced exactly; the bandwidth of each GPU count is the measured NCCL all-reduce bus
-    bandwidth there (an input, not a fit). Returns ``{"mfu": .., "rows": [{variant, gpus,
-    measured_ms, predicted_ms, error}]}``.
+    bandwidth there (an input, not a fit). Everything comes from one run (``_one_run``). Returns
+    ``{"mfu": .., "date": .., "rows": [{variant, gpus, measured_ms, predicted_ms, error}]}``.
     """
     steps = [r for r in records if r["bench"] == "ddp_fsdp_step"]
     if not steps:
         raise ValueError("records: no ddp_fsdp_step records")
+    records = _one_run(records, steps)
+    steps = [r for r in records if r["bench"] == "ddp_fsdp_step"]
     one = steps[0]
     global_batch, seq, d, layers = one["shape"]
     n0 = int(one["variant"].split("x")[1])
@@ -851,7 +864,7 @@ def validate(records: list[dict], gpu: str = "H200-SXM") -> dict:
                 "error": predicted / measured - 1,
             }
         )
-    return {"mfu": mfu, "gpu": gpu, "rows": rows}
+    return {"mfu": mfu, "gpu": gpu, "date": one["date"], "rows": rows}
 
 
 # Lab 5d (notebooks/05d-context-and-memory.ipynb) on two GPUs of the same file: its step times of

@@ -474,3 +474,18 @@ def test_validation_against_lab5d_on_two_h200s():
     assert len(err) == 8
     assert err["brrr-1.7B step, recompute=none"] == pytest.approx(0, abs=1e-9)  # the calibration
     assert max(abs(e) for e in err.values()) < 0.2, err
+
+
+def test_validation_keeps_to_one_run():
+    # A later run on fewer GPUs (its own baselines, a slower FSDP) must not be paired with the
+    # first run's one-GPU step: validate() keeps the run that covers the most GPU counts.
+    records = P.load_records()
+    first = P.validate(records)
+    later = [
+        dict(r, date="2099-01-01", ms=r["ms"] * 3)
+        for r in records
+        if r["bench"] == "ddp_fsdp_step" and r["variant"].endswith("x2")
+    ]
+    again = P.validate(records + later)
+    assert again["date"] == first["date"] != "2099-01-01"
+    assert [r["measured_ms"] for r in again["rows"]] == [r["measured_ms"] for r in first["rows"]]

@@ -135,6 +135,12 @@ def _notebook_code(path) -> str:
     return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
 
 
+# Lab 5c's committed outputs are its 4-GPU run (4 x H200, 2026-11-26), drawn before the book style.
+# Its restyled source (branch style5ac) needs a 4-GPU run to replace them: a 2-GPU run would drop the
+# chapter's 4-GPU numbers (acts/act5-multi-gpu-3-scaling.md glues them). Remove once re-run.
+PENDING_RESTYLE = {"05c-scaling.ipynb"}
+
+
 def test_every_notebook_that_draws_uses_the_book_style():
     # One figure style for the whole book: a notebook that makes figures calls plotstyle.use() and
     # never sets its own resolution, size or fonts through rcParams (Labs 5a and 5c once drew at
@@ -142,9 +148,13 @@ def test_every_notebook_that_draws_uses_the_book_style():
     import re
     from pathlib import Path
 
-    offenders = []
+    offenders, pending = [], []
     for path in sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb")):
         code = _notebook_code(path)
+        if path.name in PENDING_RESTYLE:
+            pending.append(path.name)
+            assert "plotstyle.use()" not in code, f"{path.name} is restyled: drop it from PENDING"
+            continue
         if not re.search(r"plt\.|plotstyle\.figure|subplots\(", code):
             continue
         if "plotstyle.use()" not in code:
@@ -152,3 +162,4 @@ def test_every_notebook_that_draws_uses_the_book_style():
         if re.search(r"rcParams\.update\([^)]*(dpi|figsize|font)", code):
             offenders.append(f"{path.name}: sets figure dpi/size/fonts through rcParams")
     assert not offenders, offenders
+    assert sorted(pending) == sorted(PENDING_RESTYLE), "a pending notebook is gone: update PENDING"
