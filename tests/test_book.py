@@ -953,3 +953,34 @@ def test_unmatched_glued_figure_is_caught():
     assert unmatched_glued_figures(nb) == ["fig"]
     shown["data"]["image/png"] = png
     assert unmatched_glued_figures(nb) == []
+
+
+def glued_names(nb: dict) -> set[str]:
+    """The names a notebook's committed outputs glue (myst-nb's scrapbook metadata)."""
+    return {
+        o["metadata"]["scrapbook"]["name"]
+        for c in nb["cells"]
+        for o in c.get("outputs", [])
+        if "scrapbook" in o.get("metadata", {})
+    }
+
+
+GLUE_REF = re.compile(r"notebooks/([\w-]+\.ipynb)::([\w-]+)")
+
+
+def test_every_glue_reference_names_a_glued_output():
+    # Faster than the book build at the same fault: a page that pastes a number from a notebook whose
+    # last run did not glue it (a run on fewer GPUs than the page describes, a renamed key).
+    cache, missing = {}, []
+    for page in sorted((ROOT / "acts").glob("*.md")) + sorted(ROOT.glob("*.md")):
+        for nb_name, key in GLUE_REF.findall(page.read_text()):
+            if nb_name not in cache:
+                cache[nb_name] = glued_names(_load(ROOT / "notebooks" / nb_name))
+            if key not in cache[nb_name]:
+                missing.append(f"{page.name}: {nb_name}::{key}")
+    assert not missing, missing
+
+
+def test_glue_reference_check_reads_keys_with_hyphens():
+    text = "{glue:text}`../notebooks/04c-x.ipynb::act4f_low_two-step_regs:s` µs"
+    assert GLUE_REF.findall(text) == [("04c-x.ipynb", "act4f_low_two-step_regs")]
