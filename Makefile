@@ -13,7 +13,7 @@
 #                       submitting a kernel change; ARGS go to pytest (e.g. ARGS="tests/test_quant.py").
 #   make gpu-forced-caps  on a GPU machine: every notebook with bf16, TMA and fp8 forced off (a T4's
 #                       flags, GPU_BRRR_FORCE_CAPS): each must run its fallbacks to the end; writes
-#                       results/gpu-test/<date>-<gpu-slug>-forced-caps.log (scripts/run_forced_caps.sh)
+#                       results/gpu-test/<date>-<gpu-slug>-forced-caps-<HHMM>.log (scripts/run_forced_caps.sh)
 #
 # `bench`, `gpu-notebooks`, `gpu-test` and `gpu-forced-caps` run with $(PYTHON) (default python3:
 # the interpreter that has your GPU's torch), not .venv, whose torch is the CPU build.

@@ -785,12 +785,19 @@ def _allreduce_busbw(records: list[dict], n: int) -> float:
 
 def _one_run(records: list[dict], steps: list[dict]) -> list[dict]:
     """The records of one day's run: the date whose DDP/FSDP steps cover the most GPU counts (the
-    newest such date on a tie). A later run on fewer GPUs must not pair its steps with an earlier
-    run's one-GPU baseline and bandwidths: timings compare within one run only."""
+    newest such date on a tie) and that measured the all-reduce of each of them. A later run on
+    fewer GPUs must not pair its steps with an earlier run's one-GPU baseline and bandwidths:
+    timings compare within one run only."""
     counts: dict[str, set[int]] = {}
     for r in steps:
-        counts.setdefault(r["date"], set()).add(_n_gpus(r["variant"]))
-    date = max(counts, key=lambda d: (len(counts[d]), d))
+        counts.setdefault(r.get("date"), set()).add(_n_gpus(r["variant"]))
+    measured = {
+        (r.get("date"), r["variant"]) for r in records if r["bench"] == "collectives_all_reduce"
+    }
+    whole = [d for d, ns in counts.items() if all((d, f"nccl x{n}") in measured for n in ns - {1})]
+    if not whole:
+        raise ValueError("records: no run measured its DDP/FSDP steps and their all-reduces")
+    date = max(whole, key=lambda d: (len(counts[d]), d or ""))
     return [r for r in records if r.get("date") == date]
 
 

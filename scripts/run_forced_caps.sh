@@ -3,9 +3,10 @@
 # kernels/device.py reports the capability flags of a Turing-class T4 and each notebook takes its
 # fallbacks (fp16 for bf16, the plain matmul for TMA, no fp8 timings) instead of its Hopper paths.
 # Every notebook must still run to the end and say what it fell back to. Writes a short dated log,
-# results/gpu-test/<date>-<gpu-slug>-forced-caps.log: the device block, one line per notebook
+# results/gpu-test/<date>-<gpu-slug>-forced-caps-<HHMM>.log: the device block, one line per notebook
 # (passed or FAILED, seconds) and the fallback lines each printed; the executed copies go to a
-# temporary folder, never over the committed outputs. Exits non-zero if a notebook failed.
+# temporary folder, never over the committed outputs. Exits non-zero if a notebook failed. A run that
+# re-runs a few notebooks (after a fix) writes its own log: the newest result of each notebook counts.
 #
 #   PYTHON=python3 scripts/run_forced_caps.sh [notebooks/04b-triton-matmul.ipynb ...]
 #   GPU_BRRR_FORCE_CAPS=no-tma scripts/run_forced_caps.sh      # another set of flags
@@ -27,7 +28,7 @@ print(device.gpu_slug(), torch.cuda.device_count())" 2>&1); then
 fi
 read -r slug n_gpus <<<"$(echo "$info" | tail -n 1)"
 mkdir -p results/gpu-test
-log="results/gpu-test/$(date -u +%F)-$slug-forced-caps.log"
+log="results/gpu-test/$(date -u +%F)-$slug-forced-caps-$(date -u +%H%M).log"  # a rerun adds a log
 out=${KEEP:-$(mktemp -d)}
 mkdir -p "$out"
 [[ -z ${KEEP:-} ]] && trap 'rm -rf "$out"' EXIT
@@ -50,6 +51,11 @@ t1=$(date +%s)
     echo
     echo "## notebooks"
     grep -E '^executing |^  done in |^  FAILED|^failed: ' "$out/run.txt" | cut -c1-200
+    echo
+    echo "## results (tests/test_device.py reads these lines: each notebook's newest result must pass)"
+    awk '/^executing notebooks\// { nb = $2; sub(/^notebooks\//, "", nb); sub(/\.ipynb$/, "", nb) }
+         /^  done in /  { printf "#   %-32s%7s%9s\n", nb, "passed", $3 }
+         /^  FAILED/    { printf "#   %-32s%7s%9s\n", nb, "FAILED", "-" }' "$out/run.txt"
     echo
     echo "## what each notebook said it fell back to (its printed lines)"
     $PYTHON - "$out" "${notebooks[@]}" <<'PY'

@@ -26,9 +26,25 @@ def test_needs_patch_matches_this_numpy():
 
 @pytest.mark.skipif(not device.INTERPRET, reason="the shim patches the CPU interpreter only")
 def test_patched_interpreter_runs_a_loop_over_a_runtime_bound():
-    _interpreter_compat.apply(force=True)  # idempotent; forced so NumPy < 2.4 runs the patched path
-    _interpreter_compat.apply(force=True)
+    import warnings
+
+    from triton.runtime import interpreter
+
+    _interpreter_compat.apply(force=True)  # forced, so NumPy < 2.4 runs the patched path too
+    assert not _interpreter_compat.apply(force=True)  # idempotent: the second call does nothing
+    assert interpreter._patch_lang_tensor._gpu_brrr_compat
     x = torch.arange(1000, dtype=torch.float32)
     out = torch.empty(1, dtype=torch.float32)
-    _strided_sum_kernel[(1,)](x, out, x.numel(), BLOCK=128)
+    with warnings.catch_warnings():
+        # NumPy 1.25-2.3 warn where 2.4 raises: as an error, the unpatched interpreter fails here
+        warnings.simplefilter("error", DeprecationWarning)
+        _strided_sum_kernel[(1,)](x, out, x.numel(), BLOCK=128)
     assert out.item() == pytest.approx(x.sum().item())
+
+
+def test_import_kernels_survives_deprecations_as_errors():
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-W", "error::DeprecationWarning", "-c", "import kernels"]
+    assert subprocess.run(cmd, capture_output=True, text=True).returncode == 0

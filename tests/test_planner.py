@@ -477,15 +477,27 @@ def test_validation_against_lab5d_on_two_h200s():
 
 
 def test_validation_keeps_to_one_run():
-    # A later run on fewer GPUs (its own baselines, a slower FSDP) must not be paired with the
-    # first run's one-GPU step: validate() keeps the run that covers the most GPU counts.
+    # A later run on fewer GPUs (its own baselines, a slower FSDP, a faster all-reduce) must not be
+    # paired with the first run: validate() keeps the run that covers the most GPU counts.
     records = P.load_records()
     first = P.validate(records)
-    later = [
-        dict(r, date="2099-01-01", ms=r["ms"] * 3)
-        for r in records
-        if r["bench"] == "ddp_fsdp_step" and r["variant"].endswith("x2")
-    ]
-    again = P.validate(records + later)
-    assert again["date"] == first["date"] != "2099-01-01"
-    assert [r["measured_ms"] for r in again["rows"]] == [r["measured_ms"] for r in first["rows"]]
+
+    def later(date, n_gpus, slow=3.0, fast=10.0):
+        out = []
+        for r in records:
+            if r.get("date") != first["date"]:
+                continue
+            if r["bench"] == "ddp_fsdp_step" and r["variant"].endswith(f"x{n_gpus}"):
+                out.append(dict(r, date=date, ms=r["ms"] * slow))
+            if r["bench"] == "collectives_all_reduce" and r["variant"] == f"nccl x{n_gpus}":
+                out.append(dict(r, date=date, gbps=r["gbps"] * fast))
+        return out
+
+    again = P.validate(records + later("2099-01-01", 2))
+    assert again["date"] == first["date"]
+    assert [r["predicted_ms"] for r in again["rows"]] == [r["predicted_ms"] for r in first["rows"]]
+    # A tie on GPU counts goes to the newer run, steps and bandwidths alike.
+    tie = later("2099-01-01", 2) + later("2099-01-01", 4)
+    newer = P.validate(records + tie)
+    assert newer["date"] == "2099-01-01"
+    assert newer["rows"][2]["measured_ms"] == pytest.approx(3 * first["rows"][2]["measured_ms"])

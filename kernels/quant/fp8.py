@@ -74,6 +74,21 @@ def _fp8_quant_kernel(
     tl.store(q_ptrs, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
+def _quantize_fp8_torch(x, scale, n_groups: int, group: int):
+    """``_fp8_quant_kernel``'s arithmetic in PyTorch, for GPUs without fp8 conversion (a T4: Triton
+    refuses e4m3 below compute capability 8.9; PyTorch's cast runs in software on any GPU).
+    ``scale``: the per-tensor scale ``[1]``, or None to compute one per group."""
+    m, k = x.shape
+    groups = x.float().reshape(m, n_groups, group)
+    if scale is None:
+        amax = groups.abs().amax(dim=2)
+        s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        q = (groups / s[:, :, None]).clamp(-FP8_MAX, FP8_MAX)
+        return q.reshape(m, k).to(fp8_dtype()), s
+    q = (groups / scale.reshape(1, 1, 1)).clamp(-FP8_MAX, FP8_MAX)
+    return q.reshape(m, k).to(fp8_dtype()), scale.reshape(())
+
+
 def quantize_fp8(
     x: torch.Tensor, granularity: str = "row", *, scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +108,6 @@ def quantize_fp8(
     m, k = x.shape
     if m == 0 or k == 0:
         raise ValueError(f"x must not be empty, got shape {tuple(x.shape)}")
-    q = torch.empty(m, k, device=x.device, dtype=fp8_dtype())
     if granularity == "tensor":
         if scale is None:
             amax = x.abs().amax().float()
@@ -106,21 +120,14 @@ def quantize_fp8(
         if k % FP8_BLOCK:
             raise ValueError(f"block scaling needs K to be a multiple of {FP8_BLOCK}, got {k}")
         group, n_groups, per_tensor = FP8_BLOCK, k // FP8_BLOCK, False
-    if not per_tensor:
-        s = torch.empty(m, n_groups, device=x.device, dtype=torch.float32)
-    if device.GPU_MODE and not device.capabilities().fp8:
-        # No fp8 conversion in hardware (a T4; Triton refuses e4m3 below compute capability 8.9):
-        # the kernel's arithmetic in PyTorch, whose cast to fp8 runs in software on any GPU.
-        groups = x.float().reshape(m, n_groups, group)
-        if not per_tensor:
-            amax = groups.abs().amax(dim=2)
-            s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-        scales = s.reshape(1, 1, 1) if per_tensor else s[:, :, None]
-        q = (groups / scales).clamp(-FP8_MAX, FP8_MAX).reshape(m, k).to(fp8_dtype())
-        return q, (s.reshape(()) if per_tensor else s)
     block_g = next_power_of_2(group)
     if block_g > 16384:
         raise ValueError(f"row-wise fp8 quantization handles K up to 16384, got {k}")
+    if device.GPU_MODE and not device.capabilities().fp8:
+        return _quantize_fp8_torch(x, s if per_tensor else None, n_groups, group)
+    q = torch.empty(m, k, device=x.device, dtype=fp8_dtype())
+    if not per_tensor:
+        s = torch.empty(m, n_groups, device=x.device, dtype=torch.float32)
     block_m = max(1, min(16, 4096 // block_g))
     grid = (cdiv(m, block_m), n_groups)
     _fp8_quant_kernel[grid](
