@@ -139,7 +139,7 @@ def layout_key(tensors, *settings) -> tuple | None:
     it, so it also serves as a ``Launcher`` key for launches whose integer arguments follow from
     the layout (fresh outputs are always aligned)."""
     try:
-        metas = [(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors]
+        metas = [(t.shape, t.stride(), t.dtype, t.device, aligned(t)) for t in tensors]
     except (AttributeError, RuntimeError):  # not a tensor, or one without strides (sparse)
         return None
     return (*metas, *settings)
@@ -166,15 +166,13 @@ class Plans:
             return None
 
     def put(self, key, plan):
-        if key is None:
-            return plan
-        try:
-            hash(key)
-        except TypeError:
-            return plan
-        if len(self.plans) >= self.MAX_PLANS:
-            self.plans.clear()
-        self.plans[key] = plan
+        if key is not None:
+            if len(self.plans) >= self.MAX_PLANS:
+                self.plans.clear()
+            try:
+                self.plans[key] = plan
+            except TypeError:  # unhashable: this layout is planned on every call
+                pass
         return plan
 
 

@@ -139,6 +139,8 @@ def test_layout_key_and_plans():
     ka, kb = launch.layout_key((a,), 2), launch.layout_key((b,), 2)
     assert ka != kb and launch.layout_key((a,), 2) == ka
     assert launch.layout_key((a, [1]), 2) is None  # not a tensor: no plan, the checks speak
+    off = torch.zeros(9)[1:]  # 4 bytes past an aligned base: Triton's other binary
+    assert launch.layout_key((off,), 2) != launch.layout_key((torch.zeros(8),), 2)
     plans = launch.Plans()
     assert plans.get(ka) is None and plans.put(ka, "plan") == "plan" and plans.get(ka) == "plan"
     unhashable = launch.layout_key((a,), [2])
