@@ -134,10 +134,9 @@ def measure(
             torch.cuda.synchronize()
             one = max((time.perf_counter() - t0) * 1e3, 1e-3)  # host included: an upper bound
             warmup = max(int(warmup_ms / one), 3)
-            if device_only:  # each repetition also spins ~1 ms: fewer of them
-                times = _events_device_only(
-                    fn, warmup, int(min(max(rep_ms / one, 20), 500)), flush_l2
-                )
+            if device_only:  # each repetition also spins ~1 ms: count it in the budget
+                reps = int(min(max(rep_ms / (one + 1.0), 20), 500))
+                times = _events_device_only(fn, warmup, reps, flush_l2)
             else:
                 times = _events_no_flush(fn, warmup, int(min(max(rep_ms / one, 10), 2000)))
             med, p20, p80 = _quantiles(times)
