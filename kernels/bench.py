@@ -74,19 +74,55 @@ def _events_no_flush(fn: Callable[[], object], warmup: int, reps: int) -> list[f
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+# Ahead of each repetition of measure(device_only=True): ~1 ms of GPU spinning at H100 clocks, longer
+# than the host takes to queue the flush and a call on any machine we have seen (~0.2 ms at most).
+_HOST_SCREEN_CYCLES = 2_000_000
+_FLUSH_BYTES = 256 * 2**20  # as triton.testing.do_bench: larger than any GPU's L2
+
+
+def _events_device_only(
+    fn: Callable[[], object], warmup: int, reps: int, flush: bool
+) -> list[float]:
+    """Per-call event times with the host's launch cost kept out. A GPU-side spin queued ahead of
+    each repetition keeps the GPU busy while the host queues the flush, the start event and ``fn``,
+    so the interval holds ``fn``'s kernels back to back, not the wait for the host to launch them."""
+    for _ in range(warmup):
+        fn()
+    cache = torch.empty(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush else None
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    torch.cuda.synchronize()
+    for s, e in zip(starts, ends):
+        torch.cuda._sleep(_HOST_SCREEN_CYCLES)
+        if cache is not None:
+            cache.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
 def measure(
     fn: Callable[[], object],
     *,
     bytes: float | None = None,
     flops: float | None = None,
     flush_l2: bool = True,
+    device_only: bool = False,
     warmup_ms: float = 25,
     rep_ms: float = 100,
     cpu_reps: int = 3,
 ) -> Measurement:
-    """Time ``fn()`` and convert to GB/s (``bytes`` moved) and/or TFLOP/s (``flops`` done)."""
+    """Time ``fn()`` and convert to GB/s (``bytes`` moved) and/or TFLOP/s (``flops`` done).
+
+    ``device_only``: keep the host's launch cost out of the time (see ``_events_device_only``). The
+    default counts it where it exceeds the flush that precedes each call, as a model calling the
+    kernel would pay it; ``device_only`` is for comparing what happens inside kernels (two
+    variants of one kernel, say) on a host too slow to keep a small kernel fed.
+    """
     if device.GPU_MODE:
-        if flush_l2:
+        if flush_l2 and not device_only:
             med, p20, p80 = triton.testing.do_bench(
                 fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8]
             )
@@ -96,9 +132,14 @@ def measure(
             t0 = time.perf_counter()
             fn()
             torch.cuda.synchronize()
-            one = max((time.perf_counter() - t0) * 1e3, 1e-3)
-            reps = int(min(max(rep_ms / one, 10), 2000))
-            med, p20, p80 = _quantiles(_events_no_flush(fn, max(int(warmup_ms / one), 3), reps))
+            one = max((time.perf_counter() - t0) * 1e3, 1e-3)  # host included: an upper bound
+            warmup = max(int(warmup_ms / one), 3)
+            if device_only:  # each repetition also spins ~1 ms: count it in the budget
+                reps = int(min(max(rep_ms / (one + 1.0), 20), 500))
+                times = _events_device_only(fn, warmup, reps, flush_l2)
+            else:
+                times = _events_no_flush(fn, warmup, int(min(max(rep_ms / one, 10), 2000)))
+            med, p20, p80 = _quantiles(times)
         gpu = True
     else:
         fn()  # first call pays for interpretation set-up

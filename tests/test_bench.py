@@ -1,4 +1,5 @@
 import json
+import time
 
 import pytest
 import torch
@@ -97,3 +98,24 @@ def test_module_entry_point_sees_the_registered_benchmarks():
         check=True,
     ).stdout.split()
     assert {"vector_add", "ceilings"} <= set(out)
+
+
+@pytest.mark.skipif(not device.GPU_MODE, reason="needs a GPU: CUDA events")
+@pytest.mark.parametrize("flush_l2", [True, False])
+def test_device_only_keeps_the_host_launch_cost_out(flush_l2):
+    # 300 µs of host work before a ~3 µs kernel: device_only times the kernel alone. Without the
+    # flush, the default timing counts the wait for the host (with it, a slow-memory GPU's 256 MB
+    # flush can outlast the host's 300 µs and hide it: no claim there).
+    x = torch.zeros(1024, device=device.DEVICE)
+
+    def slow_host():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 300e-6:
+            pass
+        x.add_(1)
+
+    alone = bench.measure(slow_host, flush_l2=flush_l2, device_only=True, rep_ms=20)
+    assert alone.ms < 0.05, alone
+    if not flush_l2:
+        with_host = bench.measure(slow_host, flush_l2=False, rep_ms=20)
+        assert with_host.ms > 0.15, with_host
