@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -288,7 +290,61 @@ def gemv(
     too small to fill the GPU). ``fast_unpack``: the PTX unpacking (default where it runs: NVIDIA
     sm_80+) or False for the portable Triton code.
     """
-    _check_qw(qw)
+    _check_qw(qw)  # before the key reads its fields
+    layout = launch.layout_key(
+        (x, qw.data, qw.scales), qw.bits, qw.group_size, qw.shape, path, split_k, fast_unpack
+    )
+    plan = _PLANS.get(layout)
+    if plan is None:  # a layout not seen yet: check the inputs, decide the path and the launch
+        plan = _PLANS.put(layout, _plan(x, qw, path, split_k, fast_unpack))
+    elif split_k is not None:  # in the key by value (2.0 == 2): check its type
+        _validate.positive_power_of_two("split_k", split_k)
+    if plan.path == "cuda":
+        w_packed, s_packed = cuda_int4.repack_int4_mma(qw)
+        x2 = x.view(1, -1) if x.ndim == 1 else x
+        y = cuda_int4._int4_mma_module().int4_gemv_mma(w_packed, s_packed, x2, *plan.config)
+        return y.view(plan.y_shape) if x.ndim == 1 else y
+    if plan.path == "empty":  # no rows: nothing to launch
+        return x.new_empty(plan.y_shape)
+    if plan.split == 1:
+        y = x.new_empty(plan.y_shape)
+    else:  # the K slices add their fp32 partial sums with atomics: y starts at zero
+        y = x.new_zeros(plan.y_shape, dtype=torch.float32)
+    # The kernel reads x and writes y through their pointers and the row strides in plan.sizes, so
+    # a 1-D x and y need no [1, K] / [1, N] views. The layout key serves as the launcher's key: it
+    # fixes every size, stride, dtype and alignment the binary is specialised on (y is fresh, so
+    # aligned). The fast launch (kernels.launch): at batch 1 Triton's own launch through the
+    # autotuner costs more host time than the GEMV takes on the GPU.
+    args = (x, qw.data, qw.scales, y, *plan.sizes)
+    launch.tuned(plan.kernel).keyed(layout, plan.grid, args, **plan.meta)
+    return y if plan.split == 1 else y.to(x.dtype)
+
+
+@dataclass(frozen=True)
+class _GemvPlan:
+    """What ``gemv`` works out from its inputs' layout and settings alone, once per layout."""
+
+    path: str  # "cuda", "gemv", "mma", or "empty" (no rows: nothing to launch)
+    y_shape: tuple[int, ...]  # the result's: (N,) for a 1-D x, else (M, N)
+    config: tuple[int, int, int] | None = None  # path "cuda": the CUDA kernel's (NT, S, D)
+    # The Triton paths': K slices (> 1: fp32 atomics into a zeroed y, then a cast), the autotuned
+    # kernel, its grid (a function of the chosen config's BLOCK_N), its arguments after the four
+    # pointers and its meta-parameters.
+    split: int = 1
+    kernel: triton.runtime.Autotuner | None = None
+    grid: Callable[[dict], tuple[int, int]] | None = None
+    sizes: tuple[int, ...] = ()
+    meta: dict = field(default_factory=dict)
+
+
+# gemv's plans per layout of (x, qw) and settings (kernels.launch.Plans): the checks and the launch
+# arithmetic run on a layout's first call; a decode step then pays for the launch alone.
+_PLANS = launch.Plans()
+
+
+def _plan(x, qw: QuantizedWeight, path, split_k, fast_unpack) -> _GemvPlan:
+    """Check one call's inputs and settings and decide its launch (``gemv``'s first call of a
+    layout): raises on bad input, so only valid layouts are planned."""
     _validate.tensor("x", x, dtypes=SUPPORTED_DTYPES)
     if x.ndim not in (1, 2):
         raise ValueError(f"x must be 1-D [K] or 2-D [M, K], got shape {tuple(x.shape)}")
@@ -315,13 +371,11 @@ def gemv(
         )
         if path == "cuda" and cuda_int4._int4_mma_build_error() is not None:
             path = "mma"  # the build failed once (warned then): the Triton kernel serves
+    y_shape = (n,) if x.ndim == 1 else (m, n)
     if path == "cuda":
         if m == 0:
-            return torch.empty((n,) if x.ndim == 1 else (m, n), device=x.device, dtype=x.dtype)
-        w_packed, s_packed = cuda_int4.repack_int4_mma(qw)
-        cfg = cuda_int4._int4_mma_config(n, k)
-        y = cuda_int4._int4_mma_module().int4_gemv_mma(w_packed, s_packed, x2.contiguous(), *cfg)
-        return y.reshape((n,) if x.ndim == 1 else (m, n))
+            return _GemvPlan("empty", y_shape)
+        return _GemvPlan("cuda", y_shape, config=cuda_int4._int4_mma_config(n, k))
     if path == "gemv" and m > GEMV_MAX_M:
         raise ValueError(f"path='gemv' handles at most {GEMV_MAX_M} rows, got M = {m}")
     if split_k is not None:
@@ -331,36 +385,27 @@ def gemv(
         raise ValueError(
             "fast_unpack=True needs an NVIDIA GPU (compute capability 8.0+ for bf16 activations)"
         )
-    y_shape = (n,) if x.ndim == 1 else (m, n)
     if m == 0:
-        return torch.empty(y_shape, device=x.device, dtype=x.dtype)
+        return _GemvPlan("empty", y_shape)
     kp = qw.data.shape[1]
     if path == "gemv":
         block_m = next_power_of_2(m)
         plain, split_kernel = _GEMV, _GEMV_SPLIT
-        n_programs = cdiv(n, 32)
+        tiles_m = 1  # one program covers every row
     else:
         block_m = max(16, min(MAX_M_BLOCK, next_power_of_2(m)))
         plain, split_kernel = _QMM, _QMM_SPLIT
-        n_programs = cdiv(n, 32) * cdiv(m, block_m)
-    split = split_k or _pick_split_k(n_programs, cdiv(kp, 128))
-    y = torch.empty(m, n, device=x.device, dtype=x.dtype) if split == 1 else None
-    if split > 1:
-        y = torch.zeros(m, n, device=x.device, dtype=torch.float32)
+        tiles_m = cdiv(m, block_m)
+    split = split_k or _pick_split_k(cdiv(n, 32) * tiles_m, cdiv(kp, 128))
 
-    def grid(meta):
-        tiles_n = cdiv(n, meta["BLOCK_N"])
-        return (tiles_n * (1 if path == "gemv" else cdiv(m, block_m)), split)
+    def grid(meta):  # BLOCK_N is the autotuner's choice; the launcher keeps the tuple it gives
+        return (cdiv(n, meta["BLOCK_N"]) * tiles_m, split)
 
+    # y is fresh and contiguous [M, N]: its row stride is N.
+    sizes = (m, n, kp, qw.scales.shape[1], qw.group_size, x2.stride(0), n)
+    meta = dict(BITS=qw.bits, BLOCK_M=block_m, SPLIT_K=split, USE_ASM=use_asm)
     kernel = plain if split == 1 else split_kernel
-    args = (x2, qw.data, qw.scales, y, m, n, kp, qw.scales.shape[1], qw.group_size)
-    args += (x2.stride(0), y.stride(0))
-    # The fast launch (kernels.launch): at batch 1 Triton's own launch through the autotuner
-    # costs more host time than the GEMV takes on the GPU.
-    launch.tuned(kernel)(grid, args, BITS=qw.bits, BLOCK_M=block_m, SPLIT_K=split, USE_ASM=use_asm)
-    if split > 1:
-        y = y.to(x.dtype)
-    return y.reshape(y_shape)
+    return _GemvPlan(path, y_shape, split=split, kernel=kernel, grid=grid, sizes=sizes, meta=meta)
 
 
 def gemv_ref(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:

@@ -3,7 +3,9 @@ Triton's own launch (``launch.FAST = False``), against the PyTorch call they rep
 
 At batch 1 these kernels run for a few µs on the GPU; the rest of a call is the host's. Each row
 times back-to-back calls (``kernels.shapes.host_time``: wall time over the count, median of 5
-loops) and the device time alone (``kernels.bench.measure``), in one run, on one GPU.
+loops) and the device time alone (``kernels.bench.measure(..., device_only=True)``), in one
+run, on one GPU. The backward rows time ``torch.autograd.grad`` over one kept forward; the last
+row is autograd's own floor: a Python ``autograd.Function`` that launches nothing.
 
     python scripts/gpu/launch_probe.py [--json OUT]
 """
@@ -41,8 +43,8 @@ def cases():
         qw, x = quant.quantize(w, bits, 128), torch.randn(1, 4096, device=DEV, dtype=BF16)
         w16 = quant.dequantize(qw, BF16)
         yield (
-            f"gemv int{bits} 1x4096x4096",
-            lambda qw=qw, x=x: quant.gemv(x, qw, path="gemv"),
+            f"gemv int{bits} 1x4096x4096 default",
+            lambda qw=qw, x=x: quant.gemv(x, qw),
             lambda w16=w16, x=x: torch.matmul(x, w16.t()),
         )
     x = torch.randn(1, 4096, device=DEV, dtype=BF16)
@@ -53,6 +55,39 @@ def cases():
         lambda: torch.nn.functional.rms_norm(x, (4096,), wt, 1e-6),
     )
     yield ("softmax fwd 1x4096", lambda: softmax.softmax(x), lambda: torch.softmax(x, -1))
+    # The backward passes go through autograd: ours through a Python autograd.Function, whose
+    # backward the engine calls on its device thread (taking the GIL), PyTorch's through C++ nodes.
+    dy = torch.randn(1, 4096, device=DEV, dtype=BF16)
+    xg, wg = x.clone().requires_grad_(), wt.clone().requires_grad_()
+    yield (
+        "rms_norm bwd 1x4096 (autograd.grad)",
+        shapes.grad_call(lambda: norms.rms_norm(xg, wg), [xg, wg], dy),
+        shapes.grad_call(lambda: torch.nn.functional.rms_norm(xg, (4096,), wg, 1e-6), [xg, wg], dy),
+    )
+    yield (
+        "softmax bwd 1x4096 (autograd.grad)",
+        shapes.grad_call(lambda: softmax.softmax(xg), [xg], dy),
+        shapes.grad_call(lambda: torch.softmax(xg, -1), [xg], dy),
+    )
+    # The floor under both: a Python autograd.Function whose backward does nothing, against a C++
+    # node that does nothing either (a view's backward).
+    yield (
+        "empty autograd.Function bwd (vs view)",
+        shapes.grad_call(lambda: _Identity.apply(xg), [xg], dy),
+        shapes.grad_call(lambda: xg.view_as(xg), [xg], dy),
+    )
+
+
+class _Identity(torch.autograd.Function):
+    """A Python autograd node that launches nothing: what autograd alone costs per backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
 
 
 def main() -> None:
@@ -68,9 +103,10 @@ def main() -> None:
             torch.cuda.synchronize()
             row["fast_host_us" if fast else "triton_host_us"] = shapes.host_time(ours).ms * 1e3
         launch.FAST = True
-        row["device_us"] = bench.measure(ours).ms * 1e3
+        # Device time with the host's launch cost kept out (a GPU spin ahead of each repetition).
+        row["device_us"] = bench.measure(ours, device_only=True).ms * 1e3
         row["torch_host_us"] = shapes.host_time(theirs).ms * 1e3
-        row["torch_device_us"] = bench.measure(theirs).ms * 1e3
+        row["torch_device_us"] = bench.measure(theirs, device_only=True).ms * 1e3
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(
