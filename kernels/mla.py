@@ -57,18 +57,23 @@ DEEPSEEK_V3 = dict(r=512, d_rope=64, n_heads=128, d_nope=128, d_v=128)
 
 # ----------------------------------------------------------------------------- configurations
 
-# (BLOCK_H, BLOCK_N, num_warps, num_stages). The fp32 accumulator is BLOCK_H x r (32 x 512 over
-# 8 warps: 64 registers a thread) and the latent queries stay resident beside it, so registers
-# bind: ptxas (sm_90, Triton 3.6) reports no or a few bytes of spills for these and hundreds for
-# BLOCK_H = 64 (kept once, for the autotuner to judge the trade: it reads each row for 64 heads
-# at once). A 32-row tile of 576 bf16 values is 36 KB, so 2-3 stages fit in shared memory.
-# Smaller head blocks re-read each row once per head block: the grid puts a row's head blocks
-# next to each other so that those re-reads come from L2. The interpreter runs one config only
-# (multi-config autotuning fails there).
+# (BLOCK_H, BLOCK_N, num_warps, num_stages). The fp32 accumulator is BLOCK_H x r and the latent
+# queries stay resident beside it, so registers bind: at BLOCK_H = 64 over 8 warps ptxas gives
+# 210 registers a thread and no spills (Nsight Compute, H100), one program per SM. That program
+# is latency-bound (12% of DRAM bandwidth and 16% of the tensor pipe at batch 128, 32k tokens;
+# results/profiles/), so what pays is more work per loop trip: 64-token tiles ran batch 128 x
+# 32k in 7.1 ms against 11.8 ms for 16-token ones (the profile call's tile sweep). Sixteen warps
+# lost to eight at every tile. Smaller head blocks re-read each row once per head block: the grid
+# puts a row's head blocks next to each other so that those re-reads come from L2; they win at
+# batch 1, where 128 heads / 32 gives more programs. A 64-row tile of 576 bf16 values is 72 KB,
+# so two stages fit in shared memory. The interpreter runs one config only (multi-config
+# autotuning fails there).
 _CONFIGS = [
+    (64, 64, 8, 2),
+    (64, 32, 8, 3),
+    (64, 32, 8, 2),
+    (32, 64, 8, 2),
     (32, 32, 8, 2),
-    (32, 32, 8, 3),
-    (32, 16, 8, 3),
     (16, 32, 8, 2),
     (16, 16, 4, 2),
     (64, 16, 8, 2),

@@ -33,7 +33,7 @@ def test_every_typed_number_is_traceable(page):
     offenders = check_numbers.check_files([page], ROOT)
     assert not offenders, (
         "typed measurements that are neither glued, nor cited in their block, nor marked "
-        "`% numbers: napkin|datasheet|published <key>|illustrative`:\n"
+        "`% numbers: napkin|datasheet|published <key>|profiled <file>|illustrative`:\n"
         + "\n".join(map(str, offenders))
     )
 
@@ -147,6 +147,16 @@ def test_malformed_markers_are_offenders():
     published = typed("% numbers: published nosuchkey\nIt takes 2 ms.\n", {"realkey"})
     assert len(published) == 1 and "nosuchkey" in published[0]
     assert typed("% numbers: published\nIt takes 2 ms.\n", {"realkey"})
+    missing = typed("% numbers: profiled results/profiles/no-such.txt\nIt takes 2 ms.\n")
+    assert len(missing) == 1 and "no-such.txt" in missing[0]
+    assert typed("% numbers: profiled\nIt takes 2 ms.\n")
+
+
+def test_profiled_marker_names_a_committed_file():
+    assert (
+        typed("% numbers: profiled tests/test_numbers.py (a file that exists)\nIt takes 2 ms.\n")
+        == []
+    )
 
 
 def test_line_numbers_follow_the_source():

@@ -13,12 +13,14 @@ bare URLs are not prose and are not scanned. A typed measurement is traceable wh
 2. its block (a paragraph, a list item, a table row, a directive's title line) also holds a
    ``{cite}`` role: a published figure with its source;
 3. its block is covered by a MyST comment line ``% numbers: <reason>`` directly above it, the
-   reason starting with ``napkin``, ``datasheet``, ``published <bibkey>`` or ``illustrative``. The
-   marker covers the lines after it up to the next blank line; placed right before a directive's
+   reason starting with ``napkin``, ``datasheet``, ``published <bibkey>``, ``profiled <file>``
+   (a measurement kept in the repository, e.g. a Nsight Compute summary under ``results/``) or
+   ``illustrative``. The marker covers the lines after it up to the next blank line; placed right before a directive's
    opening fence it covers the whole directive.
 
 Any other typed measurement is an offender, reported as ``file:line: "text"``; so is a malformed
-marker, a marker that covers nothing and a ``published`` marker whose key is not in references.bib.
+marker, a marker that covers nothing, a ``published`` marker whose key is not in references.bib
+and a ``profiled`` marker whose file is not in the repository.
 
     python tools/check_numbers.py                 # acts/*.md, intro.md and setup.md
     python tools/check_numbers.py acts/act7-*.md  # some pages
@@ -47,7 +49,7 @@ CODE_DIRECTIVES = {
     "mermaid",
     "graphviz",
 }
-REASONS = ("napkin", "datasheet", "published", "illustrative")
+REASONS = ("napkin", "datasheet", "published", "profiled", "illustrative")
 
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,}|:{3,})\s*(?:\{(?P<name>[\w:.-]+)\})?")
 MARKER = re.compile(r"^\s*%\s*numbers\s*:\s*(?P<reason>.*)$")
@@ -121,6 +123,12 @@ def _check_marker(reason: str, keys: set[str] | None) -> str | None:
         key = words[1].strip(",.;:()")
         if keys is not None and key not in keys:
             return f"bib key {key!r} of the marker is not in references.bib"
+    if words[0].lower().startswith("profiled"):
+        if len(words) < 2:
+            return "a `profiled` marker names the file that holds the measurement"
+        path = words[1].strip(",.;:()")
+        if not (ROOT / path).is_file():
+            return f"file {path!r} of the `profiled` marker is not in the repository"
     return None
 
 
@@ -286,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     if offenders:
         print(
             f"{len(offenders)} untraceable typed number(s): glue them, cite their source in the same "
-            "block, or mark the block with `% numbers: napkin|datasheet|published <key>|illustrative`",
+            "block, or mark the block with `% numbers: napkin|datasheet|published <key>|profiled <file>|illustrative`",
             file=sys.stderr,
         )
     return 1 if offenders else 0
