@@ -77,7 +77,7 @@ def _events_no_flush(fn: Callable[[], object], warmup: int, reps: int) -> list[f
 # Ahead of each repetition of measure(device_only=True): ~1 ms of GPU spinning at H100 clocks, longer
 # than the host takes to queue the flush and a call on any machine we have seen (~0.2 ms at most).
 _HOST_SCREEN_CYCLES = 2_000_000
-_FLUSH_BYTES = 256 * 2**20  # as triton.testing.do_bench: larger than any GPU's L2
+FLUSH_BYTES = 256 * 2**20  # as triton.testing.do_bench: larger than any GPU's L2
 
 
 def _events_device_only(
@@ -88,7 +88,7 @@ def _events_device_only(
     so the interval holds ``fn``'s kernels back to back, not the wait for the host to launch them."""
     for _ in range(warmup):
         fn()
-    cache = torch.empty(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush else None
+    cache = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     torch.cuda.synchronize()

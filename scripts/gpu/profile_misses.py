@@ -48,16 +48,15 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from kernels import bench, device, dsa, mla, moe, roofline  # noqa: E402
+from kernels import bench, device, dsa, megakernel, mla, moe, roofline  # noqa: E402
 from kernels import cuda as ladder  # noqa: E402
 from kernels.moe import grouped  # noqa: E402
 
-FLUSH_BYTES = 256 * 2**20  # as triton.testing.do_bench: more than any GPU's L2
 GRAPH_CALLS = 20  # calls captured in one CUDA graph
 HOST_CALLS = 500  # back-to-back calls for the host's µs per call
-# mla.py: ptxas reports no (or a few bytes of) spills for the 32-head tiles and hundreds for
-# BLOCK_H = 64. The profile sets this tile beside the autotuner's choice.
-NO_SPILL_TILE = (32, 32, 8, 2)
+# A 32-head tile, profiled beside the autotuner's choice at batch 128 (page 6.4 had guessed that
+# the 64-head tiles spill and these do not; the profile found no spills in either).
+COMPARE_TILE = (32, 32, 8, 2)
 HGEMM_DEFINES_RELEASE0 = "HGEMM12_CLUSTER_RELEASE=0"
 
 Case = tuple[str, Callable[[], object]]
@@ -149,7 +148,9 @@ def graph_us(fn: Callable[[], object], flush: bool) -> float | str:
     With ``flush`` each call follows an L2 flush (as ``bench.measure``'s), and a graph of the
     flushes alone is subtracted. A string says why capture failed."""
     try:
-        cache = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush else None
+        cache = (
+            torch.empty(bench.FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush else None
+        )
 
         def calls(with_fn: bool):
             for _ in range(GRAPH_CALLS):
@@ -158,20 +159,12 @@ def graph_us(fn: Callable[[], object], flush: bool) -> float | str:
                 if with_fn:
                     fn()
 
-        def capture(with_fn: bool) -> torch.cuda.CUDAGraph:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                calls(with_fn)
-            return g
+        def graph(with_fn: bool) -> torch.cuda.CUDAGraph:  # warmed up once off the graph
+            return megakernel.cuda_graph(lambda: calls(with_fn), warmup=1).graph
 
-        side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph's docs ask
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        t = replay_us(capture(True))
+        t = replay_us(graph(True))
         if flush:
-            t -= replay_us(capture(False))
+            t -= replay_us(graph(False))
         return t / GRAPH_CALLS
     except Exception as e:  # noqa: BLE001 - why capture fails is itself the finding
         with contextlib.suppress(Exception):
@@ -272,8 +265,8 @@ def tile_of(config: dict | None) -> tuple | None:
 
 def mla_profile(s: SimpleNamespace) -> None:
     """ncu cases: batch 1 at both contexts (the kernels' own time, against the fixed cost the
-    timings show), and batch 128 at 32k with the autotuned tile and with NO_SPILL_TILE (spills,
-    stalls, DRAM and tensor pipes: page 6.4's steady-state hypothesis)."""
+    timings show), and batch 128 at 32k with the autotuned tile and with COMPARE_TILE (spills,
+    stalls, DRAM and tensor pipes: page 6.4's steady state)."""
     cases: list[Case] = []
     for ctx in s.b1:
         q = mla_inputs(s, 1, ctx)
@@ -282,7 +275,7 @@ def mla_profile(s: SimpleNamespace) -> None:
     q = mla_inputs(s, batch, ctx)
     mla.mla_decode(*q)  # autotunes this shape
     chosen = tile_of(mla.chosen_config())
-    alt = NO_SPILL_TILE if chosen != NO_SPILL_TILE else (64, 16, 8, 2)
+    alt = COMPARE_TILE if chosen != COMPARE_TILE else (64, 16, 8, 2)
     print(f"autotuned tile at batch {batch}, {ctx} tokens (BLOCK_H, BLOCK_N, warps, stages): "
           f"{chosen}; profiled beside it: {alt}", flush=True)  # fmt: skip
     name = f"mla-b{batch}-{ctx_label(ctx)}"
