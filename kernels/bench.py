@@ -118,8 +118,11 @@ def measure(
 
     ``device_only``: keep the host's launch cost out of the time (see ``_events_device_only``). The
     default counts it where it exceeds the flush that precedes each call, as a model calling the
-    kernel would pay it; ``device_only`` is for comparing what happens inside kernels (two
-    variants of one kernel, say) on a host too slow to keep a small kernel fed.
+    kernel would pay it: always the host work between a call's launches, and the work before its
+    first launch where the driver submits the start event at once (the H100 machine's did; the
+    4 x H200 machine's held it back until the first kernel). ``device_only`` is for comparing what
+    happens inside kernels (two variants of one kernel, say) on a host too slow to keep a small
+    kernel fed.
     """
     if device.GPU_MODE:
         if flush_l2 and not device_only:

@@ -783,22 +783,37 @@ def _allreduce_busbw(records: list[dict], n: int) -> float:
     return max(rows, key=lambda r: (r["shape"][0], r["gbps"]))["gbps"]
 
 
-def _one_run(records: list[dict], steps: list[dict]) -> list[dict]:
-    """The records of one day's run: the date whose DDP/FSDP steps cover the most GPU counts (the
-    newest such date on a tie) and that measured the all-reduce of each of them. A later run on
-    fewer GPUs must not pair its steps with an earlier run's one-GPU baseline and bandwidths:
-    timings compare within one run only."""
-    counts: dict[str, set[int]] = {}
-    for r in steps:
-        counts.setdefault(r.get("date"), set()).add(_n_gpus(r["variant"]))
-    measured = {
-        (r.get("date"), r["variant"]) for r in records if r["bench"] == "collectives_all_reduce"
-    }
-    whole = [d for d, ns in counts.items() if all((d, f"nccl x{n}") in measured for n in ns - {1})]
+def _runs(records: list[dict]) -> list[list[dict]]:
+    """The records split into runs of Lab 5c. A run appends its all-reduces, then its DDP/FSDP
+    steps, so a new run begins where an all-reduce follows a step, or where the date changes (two
+    runs of one day are two runs: a date alone does not tell them apart)."""
+    runs: list[list[dict]] = []
+    stepped = False
+    for r in records:
+        new = not runs or r.get("date") != runs[-1][-1].get("date")
+        new = new or (stepped and r["bench"] == "collectives_all_reduce")
+        if new:
+            runs.append([])
+            stepped = False
+        runs[-1].append(r)
+        stepped = stepped or r["bench"] == "ddp_fsdp_step"
+    return runs
+
+
+def _one_run(records: list[dict]) -> list[dict]:
+    """The records of one run (``_runs``): the one whose DDP/FSDP steps cover the most GPU counts
+    (the newest on a tie) and that measured the all-reduce of each of them. A later run on fewer
+    GPUs must not pair its steps with an earlier run's one-GPU baseline and bandwidths: timings
+    compare within one run only."""
+    whole = []
+    for run in _runs(records):
+        ns = {_n_gpus(r["variant"]) for r in run if r["bench"] == "ddp_fsdp_step"}
+        measured = {r["variant"] for r in run if r["bench"] == "collectives_all_reduce"}
+        if ns and all(f"nccl x{n}" in measured for n in ns - {1}):
+            whole.append((len(ns), len(whole), run))
     if not whole:
         raise ValueError("records: no run measured its DDP/FSDP steps and their all-reduces")
-    date = max(whole, key=lambda d: (len(counts[d]), d or ""))
-    return [r for r in records if r.get("date") == date]
+    return max(whole, key=lambda t: t[:2])[2]
 
 
 def validate(records: list[dict], gpu: str = "H200-SXM") -> dict:
@@ -815,7 +830,7 @@ def validate(records: list[dict], gpu: str = "H200-SXM") -> dict:
     steps = [r for r in records if r["bench"] == "ddp_fsdp_step"]
     if not steps:
         raise ValueError("records: no ddp_fsdp_step records")
-    records = _one_run(records, steps)
+    records = _one_run(records)
     steps = [r for r in records if r["bench"] == "ddp_fsdp_step"]
     one = steps[0]
     global_batch, seq, d, layers = one["shape"]

@@ -122,6 +122,20 @@ def test_torchrun_worker_script_returns_json():
     assert r["world"] == 2 and r["backend"] == "gloo" and r["checks"] >= 3
 
 
+def test_ddp_fsdp_worker_reports_the_host_share_of_its_step():
+    # Lab 5c's training worker: both modes train (their losses asserted equal inside), and each row
+    # carries the host's time to issue a step next to the step's time. On a CPU the host does the
+    # work itself, so the two are of one size; on a GPU the host time is what tells a host-bound
+    # step (FSDP's at one GPU) from a GPU-bound one.
+    r = D.torchrun(
+        "train_ddp_fsdp.py", 2, ["--accum", "0"], backend="gloo", timeout=200, verbose=False
+    )
+    assert [row["mode"] for row in r["rows"]] == ["ddp", "fsdp"]
+    for row in r["rows"]:
+        assert row["world"] == 2 and row["seconds"] > 0
+        assert 0.2 * row["seconds"] < row["host_seconds"] < 5 * row["seconds"], row
+
+
 def test_torchrun_rejects_bad_arguments():
     with pytest.raises(ValueError, match="nproc must be a positive int"):
         D.torchrun("tp_mlp.py", 0, backend="gloo")

@@ -216,18 +216,30 @@ def test_tiny_gpt_state_matches_the_act5_run():
 
 def test_validation_against_the_h200_runs():
     """One constant (mfu, from the 1-GPU DDP step); measured bandwidths; nothing overlapped.
-    Reported: mfu 0.277; errors at 2 and 4 GPUs within 7.6% (DDP +4.8%, +7.6%; FSDP -4.3%,
-    -5.7%); FSDP on 1 GPU -11.2% (its 1-GPU overhead is not modelled)."""
-    v = P.validate(P.load_records())
-    assert v["mfu"] == pytest.approx(0.277, abs=0.001)
-    rows = {r["variant"]: r for r in v["rows"]}
+    The page reports two runs on two 4 x H200 machines. 2026-11-26: mfu 0.277; errors at 2 and 4
+    GPUs within 7.6% (DDP +4.8%, +7.6%; FSDP -4.3%, -5.7%), FSDP on 1 GPU -11.2%: every row within
+    11.2%. 2026-11-27 (the newest, shown on the page): DDP within 8.3%, FSDP optimistic by 15-36%,
+    its step host-bound (Lab 5c's host column), which the planner does not model."""
+    records = P.load_records()
+    first = P.validate([r for r in records if r.get("date") == "2026-11-26"])
+    assert first["mfu"] == pytest.approx(0.277, abs=0.001)
+    rows = {r["variant"]: r for r in first["rows"]}
     assert set(rows) == {"ddp x1", "fsdp x1", "ddp x2", "fsdp x2", "ddp x4", "fsdp x4"}
     assert rows["ddp x1"]["error"] == pytest.approx(0, abs=1e-9)
-    multi = [r["error"] for r in v["rows"] if r["gpus"] > 1]
+    multi = [r["error"] for r in first["rows"] if r["gpus"] > 1]
     assert max(abs(e) for e in multi) < 0.08
     assert rows["ddp x2"]["error"] == pytest.approx(0.048, abs=0.002)
     assert rows["fsdp x4"]["error"] == pytest.approx(-0.057, abs=0.002)
-    assert abs(rows["fsdp x1"]["error"]) < 0.12
+    assert rows["fsdp x1"]["error"] == pytest.approx(-0.112, abs=0.001)
+
+    newest = P.validate(records)
+    assert newest["date"] == "2026-11-27" and len(newest["rows"]) == 6
+    rows = {r["variant"]: r for r in newest["rows"]}
+    assert rows["fsdp x1"]["measured_ms"] == pytest.approx(66.7, abs=0.05)  # the host-bound run
+    ddp = [r["error"] for r in newest["rows"] if r["variant"].startswith("ddp")]
+    fsdp = [r["error"] for r in newest["rows"] if r["variant"].startswith("fsdp")]
+    assert max(abs(e) for e in ddp) < 0.085
+    assert all(-0.37 < e < -0.15 for e in fsdp), fsdp
 
 
 def test_cp_and_ep_volumes_by_hand():
@@ -478,26 +490,35 @@ def test_validation_against_lab5d_on_two_h200s():
 
 def test_validation_keeps_to_one_run():
     # A later run on fewer GPUs (its own baselines, a slower FSDP, a faster all-reduce) must not be
-    # paired with the first run: validate() keeps the run that covers the most GPU counts.
+    # paired with the first run: validate() keeps the run that covers the most GPU counts. Runs are
+    # told apart by their order in the file, not by date alone: two runs of one day are two runs.
     records = P.load_records()
     first = P.validate(records)
+    run = P._one_run(records)
 
-    def later(date, n_gpus, slow=3.0, fast=10.0):
+    def later(date, counts, slow=3.0, fast=10.0):
         out = []
-        for r in records:
-            if r.get("date") != first["date"]:
-                continue
-            if r["bench"] == "ddp_fsdp_step" and r["variant"].endswith(f"x{n_gpus}"):
+        for r in run:  # the run's records in file order: all-reduces first, then the steps
+            n = P._n_gpus(r["variant"])
+            if r["bench"] == "ddp_fsdp_step" and n in counts:
                 out.append(dict(r, date=date, ms=r["ms"] * slow))
-            if r["bench"] == "collectives_all_reduce" and r["variant"] == f"nccl x{n_gpus}":
+            if (
+                r["bench"] == "collectives_all_reduce"
+                and r["variant"] == f"nccl x{n}"
+                and n in counts
+            ):
                 out.append(dict(r, date=date, gbps=r["gbps"] * fast))
         return out
 
-    again = P.validate(records + later("2099-01-01", 2))
-    assert again["date"] == first["date"]
-    assert [r["predicted_ms"] for r in again["rows"]] == [r["predicted_ms"] for r in first["rows"]]
+    for date in ("2099-01-01", first["date"]):  # a later day, and later the same day
+        again = P.validate(records + later(date, {2}))
+        assert [r["predicted_ms"] for r in again["rows"]] == [
+            r["predicted_ms"] for r in first["rows"]
+        ]
+        assert [r["measured_ms"] for r in again["rows"]] == [
+            r["measured_ms"] for r in first["rows"]
+        ]
     # A tie on GPU counts goes to the newer run, steps and bandwidths alike.
-    tie = later("2099-01-01", 2) + later("2099-01-01", 4)
-    newer = P.validate(records + tie)
+    newer = P.validate(records + later("2099-01-01", {2, 4}))
     assert newer["date"] == "2099-01-01"
     assert newer["rows"][2]["measured_ms"] == pytest.approx(3 * first["rows"][2]["measured_ms"])

@@ -138,7 +138,7 @@ def _notebook_code(path) -> str:
 # Lab 5c's committed outputs are its 4-GPU run (4 x H200, 2026-11-26), drawn before the book style.
 # Its restyled source (branch style5ac) needs a 4-GPU run to replace them: a 2-GPU run would drop the
 # chapter's 4-GPU numbers (acts/act5-multi-gpu-3-scaling.md glues them). Remove once re-run.
-PENDING_RESTYLE = {"05c-scaling.ipynb"}
+PENDING_RESTYLE: set[str] = set()
 
 
 def test_every_notebook_that_draws_uses_the_book_style():

@@ -4,7 +4,9 @@
 
 Each mode trains ``kernels.distributed.TinyGPT`` from the same initial weights on the same per-rank
 batches with AdamW, and reports the seconds per step (barrier-synchronised median of the slowest
-rank), tokens per second over all ranks, the peak GPU memory of the step (``max_memory_allocated``)
+rank), the host's share of it (the median seconds the Python call of one step takes to return,
+the GPU left to finish on its own: a step whose host time nears its step time is host-bound),
+tokens per second over all ranks, the peak GPU memory of the step (``max_memory_allocated``)
 and the bytes of parameters, gradients and optimizer state each rank holds. On more than one rank it
 then measures gradient accumulation under DDP, all-reducing after every micro-batch and with
 ``no_sync`` on all but the last, counting the bytes DDP hands to its all-reduce through a comm hook.
@@ -16,7 +18,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -80,6 +84,7 @@ def train(mode: str, w: D.Worker, a) -> dict:
         torch.cuda.reset_peak_memory_stats()
     seconds = C.time_collective(step, w.device, warmup=a.warmup, reps=a.steps)
     peak = torch.cuda.max_memory_allocated() if w.gpu else None
+    host_seconds = host_time(step, w, a.steps)
     state = D.model_state_bytes(model, opt)
     loss = torch.stack(losses).float()
     dist.all_reduce(loss)  # mean over ranks: the loss of the global batch
@@ -89,12 +94,28 @@ def train(mode: str, w: D.Worker, a) -> dict:
         "mode": mode,
         "world": w.world,
         "seconds": seconds,
+        "host_seconds": host_seconds,
         "tokens_per_step": tokens,
         "tokens_per_s": tokens / seconds,
         "peak_bytes": peak,
         "state": state,
         "losses": loss,
     }
+
+
+def host_time(step, w: D.Worker, reps: int) -> float:
+    """Median seconds the host spends issuing one ``step`` (each started from an idle GPU after a
+    barrier, not waited for), the largest median over the ranks."""
+    times = []
+    for _ in range(reps):
+        D.barrier(w.device)
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    D.barrier(w.device)
+    worst = torch.tensor([statistics.median(times)], dtype=torch.float64, device=w.device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return worst.item()
 
 
 def accumulation(w: D.Worker, a) -> list[dict]:
