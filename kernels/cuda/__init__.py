@@ -317,7 +317,7 @@ def hgemm_source() -> str:
     return _read(HGEMM_SOURCES)
 
 
-# Preprocessor defines for an A/B experiment, e.g. "HGEMM12_CLUSTER_RELEASE=0" (space-separated):
+# Preprocessor defines for an A/B experiment, e.g. "HGEMM12_CLUSTER_RELEASE=1" (space-separated):
 # the extension is then built under its own name, so torch's cache keeps the default build too.
 HGEMM_DEFINES_ENV = "GPU_BRRR_HGEMM_DEFINES"
 

@@ -124,18 +124,17 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 // One arrival on the mbarrier at the same shared-memory offset as `bar` in CTA `cta` of this
-// cluster (mapa translates the offset into that CTA's window of the cluster's shared memory); the
-// release at cluster scope orders this warp's finished wgmma reads of the slot before the refill.
-// REVIEW (speed, not correctness): ptxas 13.0 compiles .release.cluster here to MEMBAR.ALL.CTA +
-// MEMBAR.ALL.GPU before the SYNCS.ARRIVE, once per consumer warp per k-step inside the main loop
-// (step 11's plain arrive has none); the producer's acquire.cluster wait adds a CCTL.IVALL. The
-// reads it orders are already complete (wgmma_wait), and CUTLASS's cluster barrier uses the default
-// semantics (mbarrier.arrive.shared::cluster.b64 _, [remote]). If step 12 issues MMAs slower per SM
-// than step 11 (ncu tensor-pipe %, or time per tile), time it without ".release.cluster" first.
-// HGEMM12_CLUSTER_RELEASE=0 (the A/B of scripts/gpu/hgemm_probe.py --define) builds the arrive
-// and the matching wait with the default semantics, as CUTLASS's cluster barrier does.
+// cluster (mapa translates the offset into that CTA's window of the cluster's shared memory). The
+// arrive has the default semantics, as CUTLASS's cluster barrier does
+// (mbarrier.arrive.shared::cluster.b64 _, [remote]): the slot's reads it hands back are already
+// complete (wgmma_wait). An earlier version released at cluster scope (.release.cluster, with an
+// acquire.cluster wait): ptxas 13.0 compiles that to MEMBAR.ALL.CTA + MEMBAR.ALL.GPU before the
+// SYNCS.ARRIVE, once per consumer warp per k-step, and Nsight Compute on an H100 showed the cost:
+// membar the top stall, the tensor pipe busy 52% of active cycles against 93.6% without it
+// (results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-hgemm.txt). HGEMM12_CLUSTER_RELEASE=1 builds
+// that version again, for the A/B of scripts/gpu/hgemm_probe.py --define.
 #ifndef HGEMM12_CLUSTER_RELEASE
-#define HGEMM12_CLUSTER_RELEASE 1
+#define HGEMM12_CLUSTER_RELEASE 0
 #endif
 #if HGEMM12_CLUSTER_RELEASE
 #define HGEMM12_ARRIVE "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"

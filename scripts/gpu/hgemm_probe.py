@@ -24,10 +24,10 @@ hangs the GPU instead of failing), and only steps that passed are timed.
    kept;
 6. ``--tests``: the GPU tests of tests/test_hgemm.py.
 
-``--define HGEMM12_CLUSTER_RELEASE=0`` runs all of it on a build with that define: step 12's
-cluster-scope release/acquire on its empty barriers (MEMBAR.ALL.GPU in every k-step of its SASS)
-replaced by CUTLASS's default semantics; ``--steps 11 12 --define ...`` puts it beside step 11 and
-cuBLAS in the same run.
+``--define HGEMM12_CLUSTER_RELEASE=1`` runs all of it on a build with that define: step 12's
+earlier cluster-scope release/acquire on its empty barriers (MEMBAR.ALL.GPU in every k-step of its
+SASS) instead of CUTLASS's default semantics, the default build's; ``--steps 11 12 --define ...``
+puts it beside step 11 and cuBLAS in the same run.
 
 The checks, the child processes and the instruction lists live in kernels/cuda/hgemm_check.py, which
 notebooks/04f-hopper-gemm.ipynb uses too.
@@ -79,7 +79,7 @@ def main() -> int:
     p.add_argument("--tests", action="store_true", help="run the GPU tests of test_hgemm.py")
     p.add_argument("--define", nargs="+", default=[], metavar="NAME=VALUE",
                    help="build every step with these preprocessor defines (an A/B experiment, e.g. "
-                        "HGEMM12_CLUSTER_RELEASE=0); the checks' child processes inherit them")  # fmt: skip
+                        "HGEMM12_CLUSTER_RELEASE=1); the checks' child processes inherit them")  # fmt: skip
     args = p.parse_args()
     if args.define:
         os.environ[ladder.HGEMM_DEFINES_ENV] = " ".join(args.define)

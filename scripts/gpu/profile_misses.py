@@ -21,7 +21,8 @@ Topics, and the hypotheses each settles:
   gather, against the copy bandwidth.
 - ``hgemm`` (acts/act4-hopper-rungs.md, steps 11 and 12 and the drop at 8192^3). Stalls and tensor
   pipes of steps 9-12 at 4096^3, and of steps 11 and 12 built with ``--define
-  HGEMM12_CLUSTER_RELEASE=0`` (``hgemm_probe.py``'s path: the defines name their own build); DRAM
+  HGEMM12_CLUSTER_RELEASE=1`` (step 12's earlier cluster-scope release fence, for the A/B;
+  ``hgemm_probe.py``'s path: the defines name their own build); DRAM
   bytes and L2 hit rate of steps 9-12 at 8192^3; timings beside cuBLAS in the same run.
 
 ``--part profile`` warms every case up first (compiles, autotunes, builds), then runs each once
@@ -57,7 +58,7 @@ HOST_CALLS = 500  # back-to-back calls for the host's µs per call
 # A 32-head tile, profiled beside the autotuner's choice at batch 128 (page 6.4 had guessed that
 # the 64-head tiles spill and these do not; the profile found no spills in either).
 COMPARE_TILE = (32, 32, 8, 2)
-HGEMM_DEFINES_RELEASE0 = "HGEMM12_CLUSTER_RELEASE=0"
+HGEMM_DEFINES_AB = "HGEMM12_CLUSTER_RELEASE=1"
 
 Case = tuple[str, Callable[[], object]]
 
@@ -833,7 +834,7 @@ def main(argv: list[str] | None = None) -> int:
     h = sub.choices["hgemm"]
     h.add_argument("--steps", type=int, nargs="+", default=[9, 10, 11, 12])
     h.add_argument("--define", nargs="+", default=[], metavar="NAME=VALUE",
-                   help=f"build with these defines (e.g. {HGEMM_DEFINES_RELEASE0})")  # fmt: skip
+                   help=f"build with these defines (e.g. {HGEMM_DEFINES_AB})")  # fmt: skip
     h.add_argument("--build-only", action="store_true", help="build (or load) the extension")
     q = sub.add_parser("ncu-metrics", help="the extra metrics this ncu knows, comma-separated")
     q.add_argument("--ncu", default="ncu")

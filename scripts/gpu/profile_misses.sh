@@ -32,14 +32,14 @@ NCU=${NCU:-ncu}
 DRIVER=scripts/gpu/profile_misses.py
 TOTAL_S=${PROFILE_TOTAL_S:-540}
 RESERVE_S=20  # kept back from the last runs for ncu's imports and the summaries
-RELEASE0=HGEMM12_CLUSTER_RELEASE=0
+AB_DEFINE=HGEMM12_CLUSTER_RELEASE=1
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 
 # Seconds each run may take (then capped by the total). The first run of a topic compiles its
 # Triton kernels (about 30 s for the six tiles of mla or moe); hgemm's builds take a minute or two.
 declare -A LIMIT=(
     [moe-ncu]=110 [moe-time]=70
-    [hgemm-build]=200 [hgemm-ncu]=80 [hgemm-release0-ncu]=50 [hgemm-time]=45 [hgemm-release0-time]=35
+    [hgemm-build]=200 [hgemm-ncu]=80 [hgemm-ab-ncu]=50 [hgemm-time]=45 [hgemm-ab-time]=35
     [mla-ncu]=110 [mla-time]=70 [dsa-ncu]=80 [dsa-time]=50
 )
 # Kernels whose details page is printed (the summary lists every kernel); empty: all.
@@ -56,8 +56,8 @@ if [[ " ${TOPICS[*]} " == *" hgemm "* ]]; then
     timeout -k 10 "${LIMIT[hgemm-build]}" $PYTHON $DRIVER hgemm --build-only \
         >"$WORK/hgemm-build.log" 2>&1 &
     BUILD_PIDS+=($!)
-    timeout -k 10 "${LIMIT[hgemm-build]}" $PYTHON $DRIVER hgemm --build-only --define $RELEASE0 \
-        >"$WORK/hgemm-build-release0.log" 2>&1 &
+    timeout -k 10 "${LIMIT[hgemm-build]}" $PYTHON $DRIVER hgemm --build-only --define $AB_DEFINE \
+        >"$WORK/hgemm-build-ab.log" 2>&1 &
     BUILD_PIDS+=($!)
 fi
 
@@ -215,20 +215,20 @@ topic_moe() {
 }
 
 topic_hgemm() {
-    local t0=$SECONDS ncu_tags="hgemm-ncu" plain="hgemm-build hgemm-build-release0 hgemm-time"
+    local t0=$SECONDS ncu_tags="hgemm-ncu" plain="hgemm-build hgemm-build-ab hgemm-time"
     wait "${BUILD_PIDS[0]}"
     RC[hgemm-build]=$?
     wait "${BUILD_PIDS[1]}"
-    RC[hgemm-build-release0]=$?
+    RC[hgemm-build-ab]=$?
     SEC[hgemm-build]=$((SECONDS - t0))  # the wait here, not the whole build
-    SEC[hgemm-build-release0]=${SEC[hgemm-build]}
+    SEC[hgemm-build-ab]=${SEC[hgemm-build]}
     run_ncu hgemm-ncu hgemm --part profile
     run_py hgemm-time hgemm --part time
-    if [[ ${RC[hgemm-build-release0]} == 0 ]]; then  # (a build that failed would fail again)
-        run_ncu hgemm-release0-ncu hgemm --part profile --steps 11 12 --define $RELEASE0
-        run_py hgemm-release0-time hgemm --part time --steps 11 12 --define $RELEASE0
-        ncu_tags+=" hgemm-release0-ncu"
-        plain+=" hgemm-release0-time"
+    if [[ ${RC[hgemm-build-ab]} == 0 ]]; then  # (a build that failed would fail again)
+        run_ncu hgemm-ab-ncu hgemm --part profile --steps 11 12 --define $AB_DEFINE
+        run_py hgemm-ab-time hgemm --part time --steps 11 12 --define $AB_DEFINE
+        ncu_tags+=" hgemm-ab-ncu"
+        plain+=" hgemm-ab-time"
     fi
     write_topic hgemm "$plain" "$ncu_tags"
 }
