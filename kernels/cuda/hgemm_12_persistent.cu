@@ -54,9 +54,9 @@
 //    and one B half by r, the other B half by its partner), so neither producer may refill slot s
 //    until the consumers of BOTH CTAs are done with it. Every consumer warp therefore arrives on
 //    empty[s] of both CTAs: lane q < CLUSTER arrives on CTA q's barrier (mapa + mbarrier.arrive
-//    .release.cluster). The producer waits for refill n >= 1 on parity (n - 1) & 1, with acquire at
-//    cluster scope. Every fill is released (the last k-step of each tile after wgmma_wait<0>), so the
-//    producer of the next tile never waits for a release that will not come.
+//    .shared::cluster, default semantics, after wgmma_wait). The producer waits for refill n >= 1
+//    on parity (n - 1) & 1. Every fill is released (the last k-step of each tile after
+//    wgmma_wait<0>), so the producer of the next tile never waits for a release that will not come.
 //  - barrier.cluster arrive/wait at the start (the partner's mbarriers are initialised before any
 //    multicast or remote arrive reaches them) and at the end (no CTA exits while the partner can
 //    still arrive on its empty barriers; the partner's multicast bytes are all consumed, hence
@@ -150,7 +150,9 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) 
       "r"(cta)
       : "memory");
 }
-// mbar_wait with acquire at cluster scope: for the empty barriers, whose arrivals come from both CTAs.
+// mbar_wait for the empty barriers, whose arrivals come from both CTAs: the default semantics (the
+// producer reads nothing the consumers wrote), or acquire at cluster scope with
+// HGEMM12_CLUSTER_RELEASE=1.
 __device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
   uint32_t done;
   do {
