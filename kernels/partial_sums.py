@@ -64,7 +64,9 @@ def sum_launch(shape: tuple[int, int, int], dtype: torch.dtype, is_aligned: bool
 
 def run(launch: tuple, partials: torch.Tensor, out: torch.Tensor) -> None:
     """Sum ``partials`` into ``out`` (``[k, n_cols]`` values, contiguous; only its data is used)
-    with a planned ``sum_launch``."""
+    with a planned ``sum_launch``. The launch key holds no alignment bit for ``out``: it must be
+    16-byte aligned, as a fresh buffer is (a binary compiled for an aligned ``out`` may use vector
+    stores that a misaligned one would fault on)."""
     key, grid, meta = launch
     _SUM(key, grid, (partials, out, partials.shape[1], partials.shape[2]), **meta)
 

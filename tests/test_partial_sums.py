@@ -19,7 +19,7 @@ def test_sum_stacked_matches_an_fp32_sum_rounded_once(shape, dtype):
     assert torch.equal(partial_sums.sum_stacked(partials, dtype), out)  # a fixed order
 
 
-def test_run_with_a_planned_launch_writes_into_any_buffer_of_the_right_size():
+def test_run_with_a_planned_launch_writes_into_a_fresh_buffer_of_any_shape():
     partials = torch.randn(1, 4, 6 * 5).to(device.DEVICE)
     launch = partial_sums.sum_launch(partials.shape, torch.float32)
     out = torch.empty(6, 5, device=device.DEVICE)  # the caller's shape: only the data is used
