@@ -22,7 +22,7 @@ Backward. With ``xhat`` the normalised input and ``g = w * dy``, per row
 
 ``dx`` needs two row reductions, so a row is read whole before any of it is written. ``dw`` and
 ``db`` are column sums over all rows: each program accumulates its rows' share in registers and
-writes one fp32 row of partial sums, and ``_norm_dw_kernel`` adds those partial rows up (no
+writes one fp32 row of partial sums, and ``kernels.partial_sums`` adds those partial rows up (no
 atomics, a deterministic result). ``_norm_bwd_kernel`` does this with rows held in registers: read
 ``x`` and ``dy``, write ``dx``, three passes. Rows too wide for that take two kernels:
 ``_norm_bwd_stats_kernel`` computes the two row means, then ``_norm_bwd_dx_kernel`` tiles the
@@ -37,14 +37,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import bench, device, roofline
+from kernels import bench, device, partial_sums, roofline
 from kernels.launch import (
     Launcher,
     Plans,
     aligned,
     cdiv,
     layout_key,
-    next_power_of_2,
     resident_programs,
     sm_count,
 )
@@ -261,7 +260,7 @@ def _norm_bwd_kernel(
         dw_acc += dy * xhat
         if HAS_BIAS:
             db_acc += dy
-    # One row of fp32 partial sums per program; _norm_dw_kernel adds them up.
+    # One row of fp32 partial sums per program; kernels.partial_sums adds them up.
     partial = tl.program_id(0).to(tl.int64) * n_cols + cols
     tl.store(dw_partial_ptr + partial, tl.sum(dw_acc, axis=0), mask=col_mask)
     if HAS_BIAS:
@@ -367,41 +366,11 @@ def _norm_bwd_dx_kernel(
         tl.store(db_partial_ptr + partial, db_acc, mask=col_mask)
 
 
-@triton.jit
-def _norm_dw_kernel(
-    # pointers
-    partial_ptr,
-    out_ptr,
-    # sizes
-    n_partials,
-    n_cols,
-    # meta-parameters
-    BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    # Column sums of the [n_partials, n_cols] fp32 partial sums, rounded once to the weight dtype.
-    # Axis 1 of the grid picks one of several stacked [n_partials, n_cols] blocks (dw's, db's) and
-    # the matching row of out: one launch finishes every parameter gradient.
-    which = tl.program_id(1).to(tl.int64)
-    partial_ptr += which * n_partials * n_cols
-    out_ptr += which * n_cols
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
-    for start in range(0, n_partials, BLOCK_P):
-        p = start + tl.arange(0, BLOCK_P)
-        mask = (p[:, None] < n_partials) & (cols[None, :] < n_cols)
-        acc += tl.load(
-            partial_ptr + p[:, None].to(tl.int64) * n_cols + cols[None, :], mask=mask, other=0.0
-        )
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < n_cols)
-
-
 # ----------------------------------------------------------------------------- launchers
 
 _FWD = {"fused": Launcher(_norm_fwd_kernel), "looped": Launcher(_norm_fwd_looped_kernel)}
 _BWD = {"fused": Launcher(_norm_bwd_kernel), "two-step": Launcher(_norm_bwd_dx_kernel)}
 _BWD_STATS = Launcher(_norm_bwd_stats_kernel)
-_DW = Launcher(_norm_dw_kernel)
 
 
 def fwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK) -> dict:
@@ -566,10 +535,10 @@ def _backward(dy, x, weight, mean, rstd, has_bias, cfg=None):
     _, partials, main = _launch_bwd_rows(
         dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, strides, cfg
     )
-    grads = _sum_stacked(partials, weight.dtype)
+    grads = partial_sums.sum_stacked(partials, weight.dtype)
     if layout is not None and cfg["kernel"] == "fused":
         plan = _BwdPlan(copy_dy, n_rows, n_cols, strides, tuple(partials.shape), main,
-                        _sum_launch(partials, weight.dtype))  # fmt: skip
+                        partial_sums.sum_launch(partials.shape, weight.dtype))  # fmt: skip
         _BWD_LAYOUTS.put(layout, plan)
     return dx, grads[0], (grads[1] if has_bias else None)
 
@@ -586,8 +555,7 @@ def _backward_planned(p: _BwdPlan, dy, x, weight, mean, rstd, has_bias):
     key, grid, meta = p.launch
     _BWD["fused"](key, grid, (*args, p.n_rows, p.n_cols, *p.strides), **meta)
     grads = partials.new_empty((p.partials_shape[0], p.n_cols), dtype=weight.dtype)
-    key, grid, meta = p.sum_launch
-    _DW(key, grid, (partials, grads, p.partials_shape[1], p.n_cols), **meta)
+    partial_sums.run(p.sum_launch, partials, grads)
     return dx, grads[0], (grads[1] if has_bias else None)
 
 
@@ -659,28 +627,9 @@ def _launch_bwd_rows(dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, st
     return kernel, partials, (key, grid, meta)
 
 
-def _sum_stacked(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Column sums of stacked fp32 partial sums ``[k, n_partials, n_cols]``: ``[k, n_cols]`` in
-    ``dtype``, one launch for all k."""
-    k, n_partials, n_cols = partials.shape
-    out = partials.new_empty((k, n_cols), dtype=dtype)
-    key, grid, meta = _sum_launch(partials, dtype)
-    _DW(key, grid, (partials, out, n_partials, n_cols), **meta)
-    return out
-
-
-def _sum_launch(partials: torch.Tensor, dtype: torch.dtype) -> tuple:
-    """(launcher key, grid, meta) of ``_sum_stacked``'s reduction."""
-    k, n_partials, n_cols = partials.shape
-    block_n = min(next_power_of_2(n_cols), 256)
-    grid = (cdiv(n_cols, block_n), k)
-    key = (dtype, k, n_partials, n_cols, aligned(partials))
-    return key, grid, dict(BLOCK_P=32, BLOCK_N=block_n, num_warps=4)
-
-
 def _sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Column sums of one ``[n_partials, n_cols]`` block of fp32 partial sums, in ``dtype``."""
-    return _sum_stacked(partial.unsqueeze(0), dtype)[0]
+    return partial_sums.sum_stacked(partial.unsqueeze(0), dtype)[0]
 
 
 class _Norm(torch.autograd.Function):
@@ -810,8 +759,6 @@ def _compile_specs() -> list[dict]:
                 _spec(_norm_bwd_dx_kernel, sig, flags | {"BLOCK_N": LOOP_BLOCK},
                       LOOP_WARPS)
             )  # fmt: skip
-        sig = {"partial_ptr": fptr, "out_ptr": ptr, "n_partials": i32, "n_cols": i32}
-        specs.append(_spec(_norm_dw_kernel, sig, {"BLOCK_P": 32, "BLOCK_N": 256}, 4))
     return specs
 
 

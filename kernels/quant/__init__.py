@@ -38,7 +38,8 @@ Kernels:
   instructions per weight byte that limit the Triton kernel (Act 7 measures them) disappear.
 - Unpacking uses a few lines of PTX per four bytes (``INT4_BF16_ASM`` and friends) where the GPU
   supports them, and portable Triton code elsewhere (the interpreter, pre-Ampere GPUs).
-- Both kernels take a split of K across programs (``SPLIT_K``) with fp32 atomics, used only when
+- Both kernels take a split of K across programs (``SPLIT_K``): each split writes fp32 partial
+  sums that ``kernels.partial_sums`` adds in a fixed order (no atomics), used only when
   the output features alone cannot fill the GPU.
 
 fp8 for prefill (cc >= 8.9): ``quantize_fp8`` (per tensor, per row, or per 1 x 128 block, fused in

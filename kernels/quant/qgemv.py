@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, launch, roofline
+from kernels import _validate, bench, device, launch, partial_sums, roofline
 from kernels.launch import cdiv, next_power_of_2
 from kernels.quant import cuda_int4
 from kernels.quant.formats import (
@@ -35,7 +35,7 @@ def _gemv_kernel(
     x_ptr,  # [M, K] activations, fp16/bf16
     w_ptr,  # [N, KP] int8 (BITS=8) or packed uint8 (BITS=4)
     s_ptr,  # [N, n_groups] fp16 scales
-    y_ptr,  # [M, N] output (x's dtype), or fp32 when SPLIT_K > 1
+    y_ptr,  # [M, N] output (x's dtype), or fp32 [SPLIT_K, M, N] partial sums when SPLIT_K > 1
     # sizes
     M,
     N,
@@ -95,10 +95,9 @@ def _gemv_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + cols[None, :]
     y_ok = (offs_m[:, None] < M) & (cols[None, :] < N)
-    if SPLIT_K == 1:
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
-    else:
-        tl.atomic_add(y_ptrs, acc, mask=y_ok, sem="relaxed")
+    if SPLIT_K > 1:  # each split writes its own fp32 plane of y ([SPLIT_K, M, N]); a second
+        y_ptrs += pid_k.to(tl.int64) * M * stride_ym  # launch adds them up (kernels.partial_sums)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
 
 
 @triton.jit
@@ -107,7 +106,7 @@ def _qmm_kernel(
     x_ptr,  # [M, K] activations, fp16/bf16
     w_ptr,  # [N, KP] int8 (BITS=8) or packed uint8 (BITS=4)
     s_ptr,  # [N, n_groups] fp16 scales
-    y_ptr,  # [M, N] output (x's dtype), or fp32 when SPLIT_K > 1
+    y_ptr,  # [M, N] output (x's dtype), or fp32 [SPLIT_K, M, N] partial sums when SPLIT_K > 1
     # sizes
     M,
     N,
@@ -166,10 +165,9 @@ def _qmm_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + cols[None, :]
     y_ok = m_ok & (cols[None, :] < N)
-    if SPLIT_K == 1:
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
-    else:
-        tl.atomic_add(y_ptrs, acc, mask=y_ok, sem="relaxed")
+    if SPLIT_K > 1:  # each split writes its own fp32 plane of y ([SPLIT_K, M, N]); a second
+        y_ptrs += pid_k.to(tl.int64) * M * stride_ym  # launch adds them up (kernels.partial_sums)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
 
 
 # Candidate tiles (BLOCK_N, BLOCK_K in bytes, num_warps, num_stages). Few on purpose: each one is a
@@ -209,26 +207,22 @@ def _prune(configs, named_args, **kwargs):
     return [triton.Config({**c.kwargs, "BLOCK_K": limit}, num_warps=c.num_warps)]
 
 
-def _autotuned(kernel, configs, zero_y: bool):
+def _autotuned(kernel, configs):
     # Keyed on the row tile (not M itself, so a batch sweep does not retune every M), the problem
-    # and the grouping. With SPLIT_K > 1 the output accumulates with atomics, so the autotuner must
-    # zero it between trials.
+    # and the grouping.
     # A GEMV runs for microseconds: 5 ms of warm-up and 20 of timing per candidate rank them as
     # well as Triton's default 25 + 100 ms, and a new shape's first call waits a fifth as long.
     return triton.autotune(
         configs=configs,
         key=["BLOCK_M", "N", "KP", "group_size", "BITS", "SPLIT_K", "USE_ASM"],
         prune_configs_by={"early_config_prune": _prune},
-        reset_to_zero=["y_ptr"] if zero_y else None,
         do_bench=functools.partial(triton.testing.do_bench, warmup=5, rep=20),
     )(kernel)
 
 
 _QMM_TILES = _QMM_TILES_SMALL_M + _QMM_TILES_LARGE_M
-_GEMV = _autotuned(_gemv_kernel, _configs(_GEMV_TILES), zero_y=False)
-_GEMV_SPLIT = _autotuned(_gemv_kernel, _configs(_GEMV_TILES), zero_y=True)
-_QMM = _autotuned(_qmm_kernel, _configs(_QMM_TILES), zero_y=False)
-_QMM_SPLIT = _autotuned(_qmm_kernel, _configs(_QMM_TILES), zero_y=True)
+_GEMV = _autotuned(_gemv_kernel, _configs(_GEMV_TILES))
+_QMM = _autotuned(_qmm_kernel, _configs(_QMM_TILES))
 
 
 def max_block_k(k: int, kp: int, group_size: int) -> int:
@@ -245,14 +239,15 @@ def max_block_k(k: int, kp: int, group_size: int) -> int:
 # on an H100 (batch 1, bf16, the CUDA-core kernel at its best tile): at 8192 x 8192 (256 programs,
 # about two per SM) splitting K in two took int8 from 66 to 48 µs and int4 from 43 to 34 µs; at
 # 4096 x 4096, 31 -> 21 µs and 21 -> 14 µs (this rule splits that one in four, which the probe did
-# not time). The fp32 atomics make a split result's last bits vary from run to run.
+# not time). Each split writes its own fp32 partial sums and kernels.partial_sums adds them in a
+# fixed order: the result is the same on every run.
 SPLIT_BELOW_PROGRAMS_PER_SM = 2
 
 
 def _pick_split_k(n_programs: int, k_tiles: int) -> int:
     """Split K across programs while fewer than ``SPLIT_BELOW_PROGRAMS_PER_SM`` programs per SM
-    would stream the weights: the fp32 atomics, the zeroed output and the final cast cost two
-    extra launches, which the extra loads in flight repay at these sizes."""
+    would stream the weights: the sum of the splits' partial results costs one extra launch,
+    which the extra loads in flight repay at these sizes."""
     if not device.GPU_MODE:
         return 1
     target = SPLIT_BELOW_PROGRAMS_PER_SM * launch.sm_count()
@@ -308,8 +303,8 @@ def gemv(
         return x.new_empty(plan.y_shape)
     if plan.split == 1:
         y = x.new_empty(plan.y_shape)
-    else:  # the K slices add their fp32 partial sums with atomics: y starts at zero
-        y = x.new_zeros(plan.y_shape, dtype=torch.float32)
+    else:  # each K slice writes its own fp32 plane of partial sums: [1, split, M * N]
+        y = x.new_empty(plan.sum_shape, dtype=torch.float32)
     # The kernel reads x and writes y through their pointers and the row strides in plan.sizes, so
     # a 1-D x and y need no [1, K] / [1, N] views. The layout key serves as the launcher's key: it
     # fixes every size, stride, dtype and alignment the binary is specialised on (y is fresh, so
@@ -317,7 +312,11 @@ def gemv(
     # autotuner costs more host time than the GEMV takes on the GPU.
     args = (x, qw.data, qw.scales, y, *plan.sizes)
     launch.tuned(plan.kernel).keyed(layout, plan.grid, args, **plan.meta)
-    return y if plan.split == 1 else y.to(x.dtype)
+    if plan.split == 1:
+        return y
+    out = x.new_empty(plan.y_shape)
+    partial_sums.run(plan.sum_launch, y, out)  # the planes' sum, in a fixed order, cast once
+    return out
 
 
 @dataclass(frozen=True)
@@ -327,10 +326,12 @@ class _GemvPlan:
     path: str  # "cuda", "gemv", "mma", or "empty" (no rows: nothing to launch)
     y_shape: tuple[int, ...]  # the result's: (N,) for a 1-D x, else (M, N)
     config: tuple[int, int, int] | None = None  # path "cuda": the CUDA kernel's (NT, S, D)
-    # The Triton paths': K slices (> 1: fp32 atomics into a zeroed y, then a cast), the autotuned
-    # kernel, its grid (a function of the chosen config's BLOCK_N), its arguments after the four
-    # pointers and its meta-parameters.
+    # The Triton paths': K slices (> 1: fp32 partial sums of shape sum_shape, then their sum,
+    # launched as sum_launch), the autotuned kernel, its grid (a function of the chosen config's
+    # BLOCK_N), its arguments after the four pointers and its meta-parameters.
     split: int = 1
+    sum_shape: tuple[int, int, int] | None = None
+    sum_launch: tuple | None = None
     kernel: triton.runtime.Autotuner | None = None
     grid: Callable[[dict], tuple[int, int]] | None = None
     sizes: tuple[int, ...] = ()
@@ -390,22 +391,27 @@ def _plan(x, qw: QuantizedWeight, path, split_k, fast_unpack) -> _GemvPlan:
     kp = qw.data.shape[1]
     if path == "gemv":
         block_m = next_power_of_2(m)
-        plain, split_kernel = _GEMV, _GEMV_SPLIT
+        kernel = _GEMV
         tiles_m = 1  # one program covers every row
     else:
         block_m = max(16, min(MAX_M_BLOCK, next_power_of_2(m)))
-        plain, split_kernel = _QMM, _QMM_SPLIT
+        kernel = _QMM
         tiles_m = cdiv(m, block_m)
     split = split_k or _pick_split_k(cdiv(n, 32) * tiles_m, cdiv(kp, 128))
 
     def grid(meta):  # BLOCK_N is the autotuner's choice; the launcher keeps the tuple it gives
         return (cdiv(n, meta["BLOCK_N"]) * tiles_m, split)
 
-    # y is fresh and contiguous [M, N]: its row stride is N.
+    # y is fresh and contiguous [M, N] (one such plane per split): its row stride is N.
     sizes = (m, n, kp, qw.scales.shape[1], qw.group_size, x2.stride(0), n)
     meta = dict(BITS=qw.bits, BLOCK_M=block_m, SPLIT_K=split, USE_ASM=use_asm)
-    kernel = plain if split == 1 else split_kernel
-    return _GemvPlan(path, y_shape, split=split, kernel=kernel, grid=grid, sizes=sizes, meta=meta)
+    sums = {}
+    if split > 1:
+        sums["sum_shape"] = (1, split, m * n)
+        sums["sum_launch"] = partial_sums.sum_launch(sums["sum_shape"], x.dtype)
+    return _GemvPlan(
+        path, y_shape, split=split, kernel=kernel, grid=grid, sizes=sizes, meta=meta, **sums
+    )
 
 
 def gemv_ref(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:

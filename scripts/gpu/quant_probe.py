@@ -24,21 +24,24 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from kernels import bench, device, quant, roofline  # noqa: E402
+from kernels import bench, device, partial_sums, quant, roofline  # noqa: E402
 from kernels.quant import prefetch  # noqa: E402
 
 
 def launch_qmm(x, qw, bn, bk, warps, stages, split):
     m, k = x.shape
     n, kp = qw.shape[0], qw.data.shape[1]
-    dt = torch.float32 if split > 1 else x.dtype
-    y = (torch.zeros if split > 1 else torch.empty)(m, n, device=x.device, dtype=dt)
+    # A K split writes one fp32 [m, n] plane per split, which partial_sums adds up (as quant.gemv).
+    shape, dt = ((split, m, n), torch.float32) if split > 1 else ((m, n), x.dtype)
+    y = torch.empty(shape, device=x.device, dtype=dt)
     quant._qmm_kernel[(triton.cdiv(n, bn), split)](
         x, qw.data, qw.scales, y, m, n, kp, qw.scales.shape[1], qw.group_size,
-        x.stride(0), y.stride(0), BITS=qw.bits, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+        x.stride(0), n, BITS=qw.bits, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
         SPLIT_K=split, USE_ASM=True, num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    return y.to(x.dtype) if split > 1 else y
+    if split == 1:
+        return y
+    return partial_sums.sum_stacked(y.view(1, split, m * n), x.dtype).view(m, n)
 
 
 def sweep():
