@@ -546,6 +546,10 @@ def _attn_bwd_dq_kernel(
 # ----------------------------------------------------------------------------- launchers
 
 
+# The kernels' grids put (batch, head) on the y axis, which holds at most 65,535 programs on a GPU.
+MAX_BATCH_HEADS = 65535
+
+
 def _check(q, k, v, causal, sm_scale) -> float:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _validate.tensor(name, t, dtypes=SUPPORTED_DTYPES, ndim=4)
@@ -571,6 +575,11 @@ def _check(q, k, v, causal, sm_scale) -> float:
         )
     if k.shape[2] == 0 and q.shape[2] > 0:
         raise ValueError("k and v must hold at least one key (Nk >= 1)")
+    if q.shape[0] * q.shape[1] > MAX_BATCH_HEADS:
+        raise ValueError(
+            f"batch * heads must be at most {MAX_BATCH_HEADS:,} (one grid axis of programs per "
+            f"(batch, head)), got {q.shape[0]} * {q.shape[1]}: split the batch"
+        )
     return _validate.sm_scale(sm_scale, q.shape[3])
 
 

@@ -133,6 +133,7 @@ def _t(*shape, dtype=torch.float16):
         (_t(1, 2, 8, 64), _t(1, 2, 8, 64), _t(1, 2, 8, 64), {"causal": 1}, TypeError, "causal must be a bool"),
         (_t(1, 2, 64, 8).transpose(2, 3), _t(1, 2, 8, 64), _t(1, 2, 8, 64), {}, ValueError, "q must be contiguous"),
         ([0.0], _t(1, 2, 8, 64), _t(1, 2, 8, 64), {}, TypeError, "q must be a torch.Tensor"),
+        (_t(32768, 2, 1, 64), _t(32768, 2, 1, 64), _t(32768, 2, 1, 64), {}, ValueError, "batch \\* heads must be at most 65,535"),
     ],
 )  # fmt: skip
 def test_rejects_bad_input(q, k, v, kw, err, match):
