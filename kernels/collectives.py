@@ -302,6 +302,7 @@ def time_collective(
     reps: int = 20,
     inner: int = 1,
     group=None,
+    host: bool = False,
 ) -> float:
     """Median seconds per call of ``fn`` (a collective every rank calls), from the slowest rank.
 
@@ -309,14 +310,16 @@ def time_collective(
     to rank, and ranks that call a collective a different number of times hang. Here the counts are
     fixed: ``warmup`` calls, then ``reps`` samples, each a barrier followed by ``inner`` back-to-back
     calls timed with CUDA events (``perf_counter`` on CPU). Each rank takes its median per call; the
-    result is the largest median over the ranks.
+    result is the largest median over the ranks. ``host=True`` times instead how long the calls
+    take to return on the host (``perf_counter``, the GPU left to finish: the next sample's barrier
+    waits for it), which tells a host-bound step from a GPU-bound one.
     """
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
         barrier(device, group)
-        if device.type == "cuda":
+        if device.type == "cuda" and not host:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()

@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -84,7 +82,7 @@ def train(mode: str, w: D.Worker, a) -> dict:
         torch.cuda.reset_peak_memory_stats()
     seconds = C.time_collective(step, w.device, warmup=a.warmup, reps=a.steps)
     peak = torch.cuda.max_memory_allocated() if w.gpu else None
-    host_seconds = host_time(step, w, a.steps)
+    host_seconds = C.time_collective(step, w.device, warmup=0, reps=a.steps, host=True)
     state = D.model_state_bytes(model, opt)
     loss = torch.stack(losses).float()
     dist.all_reduce(loss)  # mean over ranks: the loss of the global batch
@@ -101,21 +99,6 @@ def train(mode: str, w: D.Worker, a) -> dict:
         "state": state,
         "losses": loss,
     }
-
-
-def host_time(step, w: D.Worker, reps: int) -> float:
-    """Median seconds the host spends issuing one ``step`` (each started from an idle GPU after a
-    barrier, not waited for), the largest median over the ranks."""
-    times = []
-    for _ in range(reps):
-        D.barrier(w.device)
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    D.barrier(w.device)
-    worst = torch.tensor([statistics.median(times)], dtype=torch.float64, device=w.device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return worst.item()
 
 
 def accumulation(w: D.Worker, a) -> list[dict]:
