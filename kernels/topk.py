@@ -1,0 +1,226 @@
+"""The ``k`` largest scores of each row, as token ids: a radix select in five launches.
+
+``torch.topk`` on a long row (DeepSeek sparse attention picks 2,048 of up to 128K tokens per query)
+runs as a radix select of its own, about twenty launches per call on an H100 (Nsight Systems, Lab
+6c), so a decode step spends more time launching it than reading its scores. This module does the
+same select in a fixed number of launches that does not depend on the row length:
+
+1. Each fp32 score becomes a 32-bit key whose unsigned order is the float order (``_ukey``).
+2. Three histogram passes narrow down the key of the k-th largest score, 12 + 12 + 8 bits at a
+   time. Every pass reads the row in chunks of ``CHUNK`` scores, one program per chunk, and adds
+   its chunk's histogram into the row's with atomics; every program of the next pass finds the bin
+   holding the k-th largest key from the previous histogram on its own (``_pick``), so no launch
+   sits in between. After the third pass the threshold key ``T`` is exact, and so is the number of
+   keys equal to ``T`` that belong to the top k.
+3. One program per row walks the row in order and writes the ids of the keys above ``T``, and of
+   the first keys equal to ``T`` as many as are needed, packed in ascending id order (``_select``).
+
+With a zeroed buffer for the histograms that is five launches, whatever the row length: the result
+is the same set ``torch.topk`` returns (ties at the threshold broken by the lower id) and the same
+bits on every run. Rows of ``k`` scores or fewer need no select at all: one launch writes every id.
+
+``topk_ids(scores, k, positions=None)``: ``fp32 [R, n]`` -> ``int32 [R, k]``; an id past
+``positions[r]`` (or, without positions, an id whose score is -inf) is written as -1, as are the
+slots past ``n`` when ``k > n``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import _validate
+from kernels.launch import Launcher, aligned, cdiv
+
+CHUNK = 4096  # scores per program in the histogram passes, and per step of the select
+BINS_HI, BINS_MID, BINS_LO = 4096, 4096, 256  # key bits 31-20, 19-8 and 7-0
+HIST = BINS_HI + BINS_MID + BINS_LO  # int32 counts per row: the three histograms side by side
+
+
+@triton.jit
+def _signed_key(x):
+    # fp32 -> int32 whose signed order is the float order: a negative float's 31 low bits are
+    # flipped (a larger magnitude is a smaller value). NaN sorts above +inf, as in torch.topk.
+    i = x.to(tl.int32, bitcast=True)
+    return i ^ ((i >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _ukey(x):
+    # The same order as unsigned bits: the sign bit flipped, so that digits read off the top of
+    # the key (arithmetic shifts, then a mask) count up with the score.
+    return _signed_key(x) ^ -2147483648
+
+
+@triton.jit
+def _pick(hist_ptr, need, BINS: tl.constexpr):
+    # The bin that holds the need-th largest key, counting down from the top bin, and how many
+    # keys of that bin still belong to the top (1 to the bin's count).
+    i = tl.arange(0, BINS)
+    h = tl.load(hist_ptr + (BINS - 1) - i)  # top bin first
+    c = tl.cumsum(h, 0)
+    j = tl.min(tl.where(c >= need, i, BINS), 0)
+    at = i == j
+    h_j = tl.sum(tl.where(at, h, 0), 0)
+    c_j = tl.sum(tl.where(at, c, 0), 0)
+    return (BINS - 1) - j, need - (c_j - h_j)
+
+
+@triton.jit
+def _hist_kernel(
+    # pointers
+    scores_ptr,
+    hist_ptr,
+    # sizes
+    n,
+    k,
+    # meta-parameters
+    PASS: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    # Pass 0 counts the top 12 bits of every key; pass 1 the next 12 bits of the keys in the bin
+    # that pass 0's histogram says holds the k-th largest; pass 2 the last 8 bits of the keys that
+    # match both. Grid: (chunks of the row, rows).
+    row = tl.program_id(1).to(tl.int64)
+    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    in_row = offs < n
+    u = _ukey(tl.load(scores_ptr + row * n + offs, mask=in_row, other=0.0))
+    hist = hist_ptr + row * (4096 + 4096 + 256)
+    if PASS == 0:
+        counts = tl.histogram((u >> 20) & 0xFFF, 4096, mask=in_row)
+        tl.atomic_add(hist + tl.arange(0, 4096), counts, mask=counts > 0, sem="relaxed")
+    elif PASS == 1:
+        hi, _ = _pick(hist, k, 4096)
+        match = in_row & (((u >> 20) & 0xFFF) == hi)
+        counts = tl.histogram((u >> 8) & 0xFFF, 4096, mask=match)
+        tl.atomic_add(hist + 4096 + tl.arange(0, 4096), counts, mask=counts > 0, sem="relaxed")
+    else:
+        hi, need = _pick(hist, k, 4096)
+        mid, _ = _pick(hist + 4096, need, 4096)
+        match = in_row & (((u >> 8) & 0xFFFFFF) == ((hi << 12) | mid))
+        counts = tl.histogram(u & 0xFF, 256, mask=match)
+        tl.atomic_add(hist + 8192 + tl.arange(0, 256), counts, mask=counts > 0, sem="relaxed")
+
+
+@triton.jit
+def _select_kernel(
+    # pointers (hist_ptr unused when ALL; pos_ptr unused without HAS_POS)
+    scores_ptr,
+    hist_ptr,
+    pos_ptr,
+    out_ptr,
+    # sizes
+    n,
+    k,
+    # meta-parameters
+    ALL: tl.constexpr,
+    HAS_POS: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    # One program per row: the ids of the keys above the threshold and of the first `need` keys
+    # equal to it, in ascending id order; -1 for ids the query does not see and for slots past n.
+    row = tl.program_id(0).to(tl.int64)
+    if ALL:  # k >= n: every id
+        threshold = -2147483648
+        need = n
+    else:
+        hist = hist_ptr + row * (4096 + 4096 + 256)
+        hi, need = _pick(hist, k, 4096)
+        mid, need = _pick(hist + 4096, need, 4096)
+        lo, need = _pick(hist + 8192, need, 256)
+        threshold = ((hi << 20) | (mid << 8) | lo) ^ -2147483648  # back to the signed key
+    if HAS_POS:
+        last = tl.load(pos_ptr + row)
+    out = out_ptr + row * k
+    taken = tl.full((), 0, tl.int32)
+    tied = tl.full((), 0, tl.int32)
+    for start in range(0, n, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        in_row = offs < n
+        x = tl.load(scores_ptr + row * n + offs, mask=in_row, other=0.0)
+        if ALL:
+            take = in_row
+        else:
+            key = _signed_key(x)
+            above = in_row & (key > threshold)
+            equal = in_row & (key == threshold)
+            tie_rank = tied + tl.cumsum(equal.to(tl.int32), 0) - 1
+            take = above | (equal & (tie_rank < need))
+            tied += tl.sum(equal.to(tl.int32), 0)
+        slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+        if HAS_POS:
+            seen = offs <= last
+        else:
+            seen = x > float("-inf")
+        tl.store(out + slot, tl.where(seen, offs, -1), mask=take)
+        taken += tl.sum(take.to(tl.int32), 0)
+    for start in range(taken, k, CHUNK):  # k > n: the slots past the row
+        offs = start + tl.arange(0, CHUNK)
+        tl.store(out + offs, tl.full([CHUNK], -1, tl.int32), mask=offs < k)
+
+
+_HIST = Launcher(_hist_kernel)
+_SELECT = Launcher(_select_kernel)
+
+
+def topk_ids(scores: torch.Tensor, k: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """The ids of the ``k`` largest scores of each row of ``scores`` (fp32 ``[R, n]``, contiguous),
+    as int32 ``[R, k]`` in ascending id order. An id past ``positions[r]`` (int32 ``[R]``; -1: the
+    row sees nothing) is written as -1; without ``positions``, so is an id whose score is -inf; and
+    so is every slot past ``n`` when ``k > n``. Ties at the k-th score go to the lower ids, so the
+    set is ``torch.topk``'s with distinct scores, and the bits are the same on every run."""
+    _validate.tensor("scores", scores, dtypes=(torch.float32,), ndim=2)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    if not scores.is_contiguous():
+        raise ValueError("scores must be contiguous")
+    rows, n = scores.shape
+    if positions is not None:
+        _validate.tensor("positions", positions, dtypes=(torch.int32,), ndim=1)
+        if positions.shape[0] != rows or positions.device != scores.device:
+            raise ValueError(
+                f"positions must be int32 [{rows}] on {scores.device}, got "
+                f"{tuple(positions.shape)} on {positions.device}"
+            )
+        positions = positions.contiguous()
+    out = torch.empty((rows, k), dtype=torch.int32, device=scores.device)
+    if rows == 0:
+        return out
+    every = k >= n
+    pos = positions if positions is not None else out  # a placeholder pointer when unused
+    hist = out
+    if not every:
+        hist = torch.zeros((rows, HIST), dtype=torch.int32, device=scores.device)
+        key = (rows, n, k, aligned(scores))
+        for p in range(3):
+            _HIST((key, p), (cdiv(n, CHUNK), rows), (scores, hist, n, k), PASS=p, CHUNK=CHUNK)
+    meta = dict(ALL=every, HAS_POS=positions is not None, CHUNK=CHUNK)
+    key = (rows, n, k, aligned(scores), aligned(pos), *meta.values())
+    _SELECT(key, (rows,), (scores, hist, pos, out, n, k), **meta)
+    return out
+
+
+# The ahead-of-time compile check (tests compile every kernel for sm_90 and sm_75).
+COMPILE_SPECS = [
+    dict(
+        kernel=_hist_kernel,
+        signature={"scores_ptr": "*fp32", "hist_ptr": "*i32", "n": "i32", "k": "i32"},
+        constexprs={"PASS": p, "CHUNK": CHUNK},
+    )
+    for p in range(3)
+] + [
+    dict(
+        kernel=_select_kernel,
+        signature={
+            "scores_ptr": "*fp32",
+            "hist_ptr": "*i32",
+            "pos_ptr": "*i32",
+            "out_ptr": "*i32",
+            "n": "i32",
+            "k": "i32",
+        },
+        constexprs={"ALL": every, "HAS_POS": True, "CHUNK": CHUNK},
+    )
+    for every in (False, True)
+]
