@@ -1,23 +1,24 @@
-"""The ``k`` largest scores of each row, as token ids: a radix select in five launches.
+"""The ``k`` largest scores of each row, as token ids: a radix select in six launches.
 
 ``torch.topk`` on a long row (DeepSeek sparse attention picks 2,048 of up to 128K tokens per query)
 runs as a radix select of its own, about twenty launches per call on an H100 (Nsight Systems, Lab
 6c), so a decode step spends more time launching it than reading its scores. This module does the
-same select in a fixed number of launches that does not depend on the row length:
+same select in a fixed number of launches, whatever the row length, every one of them spread over
+chunks of ``CHUNK`` scores (a grid of chunks x rows, so a batch of 8 long rows fills the GPU):
 
 1. Each fp32 score becomes a 32-bit key whose unsigned order is the float order (``_ukey``).
 2. Three histogram passes narrow down the key of the k-th largest score, 12 + 12 + 8 bits at a
-   time. Every pass reads the row in chunks of ``CHUNK`` scores, one program per chunk, and adds
-   its chunk's histogram into the row's with atomics; every program of the next pass finds the bin
-   holding the k-th largest key from the previous histogram on its own (``_pick``), so no launch
-   sits in between. After the third pass the threshold key ``T`` is exact, and so is the number of
-   keys equal to ``T`` that belong to the top k.
-3. One program per row walks the row in order and writes the ids of the keys above ``T``, and of
-   the first keys equal to ``T`` as many as are needed, packed in ascending id order (``_select``).
+   time; each program adds its chunk's histogram into the row's with atomics. Every program of a
+   later pass finds the bin holding the k-th largest key from the earlier histograms on its own
+   (``_pick``), so no launch sits in between. After the third pass the threshold key is exact, and
+   so is the number of keys equal to it that belong to the top k (``_threshold``).
+3. A count pass writes, per chunk, how many of its keys lie above the threshold and how many equal
+   it; a write pass sums the counts of the chunks before its own and writes its ids after theirs.
 
-With a zeroed buffer for the histograms that is five launches, whatever the row length: the result
-is the same set ``torch.topk`` returns (ties at the threshold broken by the lower id) and the same
-bits on every run. Rows of ``k`` scores or fewer need no select at all: one launch writes every id.
+With the zeroed buffer for the histograms that is six launches. The ids come out in ascending
+order, ties at the threshold go to the lower ids, and the bits are the same on every run: with
+distinct scores the set is ``torch.topk``'s. Rows of ``k`` scores or fewer need no select: one
+launch writes every id.
 
 ``topk_ids(scores, k, positions=None)``: ``fp32 [R, n]`` -> ``int32 [R, k]``; an id past
 ``positions[r]`` (or, without positions, an id whose score is -inf) is written as -1, as are the
@@ -31,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kernels import _validate
-from kernels.launch import Launcher, aligned, cdiv
+from kernels.launch import Launcher, aligned, cdiv, next_power_of_2
 
 CHUNK = 4096  # scores per program in the histogram passes, and per step of the select
 BINS_HI, BINS_MID, BINS_LO = 4096, 4096, 256  # key bits 31-20, 19-8 and 7-0
@@ -104,64 +105,99 @@ def _hist_kernel(
 
 
 @triton.jit
-def _select_kernel(
-    # pointers (hist_ptr unused when ALL; pos_ptr unused without HAS_POS)
+def _threshold(hist_ptr, k):
+    # The exact key of the k-th largest score (signed form) and how many keys equal to it belong to
+    # the top k, from the row's three histograms.
+    hi, need = _pick(hist_ptr, k, 4096)
+    mid, need = _pick(hist_ptr + 4096, need, 4096)
+    lo, need = _pick(hist_ptr + 8192, need, 256)
+    return ((hi << 20) | (mid << 8) | lo) ^ -2147483648, need
+
+
+@triton.jit
+def _count_kernel(
+    # pointers
     scores_ptr,
     hist_ptr,
+    counts_ptr,
+    # sizes
+    n,
+    k,
+    n_chunks,
+    # meta-parameters
+    CHUNK: tl.constexpr,
+):
+    # Per chunk: how many keys lie above the threshold and how many equal it. Grid: (chunks, rows).
+    row = tl.program_id(1).to(tl.int64)
+    chunk = tl.program_id(0)
+    threshold, _ = _threshold(hist_ptr + row * (4096 + 4096 + 256), k)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    in_row = offs < n
+    key = _signed_key(tl.load(scores_ptr + row * n + offs, mask=in_row, other=0.0))
+    above = tl.sum((in_row & (key > threshold)).to(tl.int32), 0)
+    equal = tl.sum((in_row & (key == threshold)).to(tl.int32), 0)
+    counts = counts_ptr + (row * n_chunks + chunk) * 2
+    tl.store(counts, above)
+    tl.store(counts + 1, equal)
+
+
+@triton.jit
+def _write_kernel(
+    # pointers (hist_ptr and counts_ptr unused when ALL; pos_ptr unused without HAS_POS)
+    scores_ptr,
+    hist_ptr,
+    counts_ptr,
     pos_ptr,
     out_ptr,
     # sizes
     n,
     k,
+    n_chunks,
     # meta-parameters
     ALL: tl.constexpr,
     HAS_POS: tl.constexpr,
     CHUNK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
-    # One program per row: the ids of the keys above the threshold and of the first `need` keys
-    # equal to it, in ascending id order; -1 for ids the query does not see and for slots past n.
-    row = tl.program_id(0).to(tl.int64)
-    if ALL:  # k >= n: every id
-        threshold = -2147483648
-        need = n
+    # Per chunk: the ids of its keys above the threshold and of its keys equal to it that come
+    # first among the row's ties, packed after the ids that the chunks before it wrote (the counts
+    # tell how many); -1 for ids the query does not see. With ALL (k >= n), every id, and -1 in
+    # the slots past n. Grid: (chunks of max(n, k), rows).
+    row = tl.program_id(1).to(tl.int64)
+    chunk = tl.program_id(0)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    in_row = offs < n
+    x = tl.load(scores_ptr + row * n + offs, mask=in_row, other=0.0)
+    if ALL:
+        take = in_row
+        slot = offs
     else:
-        hist = hist_ptr + row * (4096 + 4096 + 256)
-        hi, need = _pick(hist, k, 4096)
-        mid, need = _pick(hist + 4096, need, 4096)
-        lo, need = _pick(hist + 8192, need, 256)
-        threshold = ((hi << 20) | (mid << 8) | lo) ^ -2147483648  # back to the signed key
+        threshold, need = _threshold(hist_ptr + row * (4096 + 4096 + 256), k)
+        c = tl.arange(0, BLOCK_C)
+        before = c < chunk
+        counts = counts_ptr + (row * n_chunks + c) * 2
+        above_before = tl.sum(tl.load(counts, mask=before, other=0), 0)
+        equal_before = tl.sum(tl.load(counts + 1, mask=before, other=0), 0)
+        key = _signed_key(x)
+        above = in_row & (key > threshold)
+        equal = in_row & (key == threshold)
+        tie_rank = equal_before + tl.cumsum(equal.to(tl.int32), 0) - 1
+        take = above | (equal & (tie_rank < need))
+        first = above_before + tl.minimum(equal_before, need)  # slots the chunks before filled
+        slot = first + tl.cumsum(take.to(tl.int32), 0) - 1
     if HAS_POS:
-        last = tl.load(pos_ptr + row)
+        seen = offs <= tl.load(pos_ptr + row)
+    else:
+        seen = x > float("-inf")
     out = out_ptr + row * k
-    taken = tl.full((), 0, tl.int32)
-    tied = tl.full((), 0, tl.int32)
-    for start in range(0, n, CHUNK):
-        offs = start + tl.arange(0, CHUNK)
-        in_row = offs < n
-        x = tl.load(scores_ptr + row * n + offs, mask=in_row, other=0.0)
-        if ALL:
-            take = in_row
-        else:
-            key = _signed_key(x)
-            above = in_row & (key > threshold)
-            equal = in_row & (key == threshold)
-            tie_rank = tied + tl.cumsum(equal.to(tl.int32), 0) - 1
-            take = above | (equal & (tie_rank < need))
-            tied += tl.sum(equal.to(tl.int32), 0)
-        slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
-        if HAS_POS:
-            seen = offs <= last
-        else:
-            seen = x > float("-inf")
-        tl.store(out + slot, tl.where(seen, offs, -1), mask=take)
-        taken += tl.sum(take.to(tl.int32), 0)
-    for start in range(taken, k, CHUNK):  # k > n: the slots past the row
-        offs = start + tl.arange(0, CHUNK)
-        tl.store(out + offs, tl.full([CHUNK], -1, tl.int32), mask=offs < k)
+    tl.store(out + slot, tl.where(seen, offs, -1), mask=take)
+    if ALL:
+        tl.store(out + offs, tl.full([CHUNK], -1, tl.int32), mask=(offs >= n) & (offs < k))
 
 
 _HIST = Launcher(_hist_kernel)
-_SELECT = Launcher(_select_kernel)
+_COUNT = Launcher(_count_kernel)
+_WRITE = Launcher(_write_kernel)
 
 
 def topk_ids(scores: torch.Tensor, k: int, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -188,39 +224,65 @@ def topk_ids(scores: torch.Tensor, k: int, positions: torch.Tensor | None = None
     if rows == 0:
         return out
     every = k >= n
+    n_chunks = cdiv(n, CHUNK)
     pos = positions if positions is not None else out  # a placeholder pointer when unused
-    hist = out
-    if not every:
-        hist = torch.zeros((rows, HIST), dtype=torch.int32, device=scores.device)
-        key = (rows, n, k, aligned(scores))
-        for p in range(3):
-            _HIST((key, p), (cdiv(n, CHUNK), rows), (scores, hist, n, k), PASS=p, CHUNK=CHUNK)
     meta = dict(ALL=every, HAS_POS=positions is not None, CHUNK=CHUNK)
+    meta["BLOCK_C"] = 1 if every else next_power_of_2(n_chunks)
     key = (rows, n, k, aligned(scores), aligned(pos), *meta.values())
-    _SELECT(key, (rows,), (scores, hist, pos, out, n, k), **meta)
+    if every:
+        args = (scores, out, out, pos, out, n, k, n_chunks)
+        _WRITE(key, (cdiv(k, CHUNK), rows), args, **meta)
+        return out
+    # One zeroed buffer: each row's three histograms, then its per-chunk counts (written, not added).
+    work = torch.zeros(rows * (HIST + 2 * n_chunks), dtype=torch.int32, device=scores.device)
+    hist, counts = work[: rows * HIST], work[rows * HIST :]
+    grid = (n_chunks, rows)
+    for p in range(3):
+        _HIST((*key, p), grid, (scores, hist, n, k), PASS=p, CHUNK=CHUNK)
+    _COUNT(key, grid, (scores, hist, counts, n, k, n_chunks), CHUNK=CHUNK)
+    _WRITE(key, grid, (scores, hist, counts, pos, out, n, k, n_chunks), **meta)
     return out
 
 
 # The ahead-of-time compile check (tests compile every kernel for sm_90 and sm_75).
-COMPILE_SPECS = [
-    dict(
-        kernel=_hist_kernel,
-        signature={"scores_ptr": "*fp32", "hist_ptr": "*i32", "n": "i32", "k": "i32"},
-        constexprs={"PASS": p, "CHUNK": CHUNK},
-    )
-    for p in range(3)
-] + [
-    dict(
-        kernel=_select_kernel,
-        signature={
-            "scores_ptr": "*fp32",
-            "hist_ptr": "*i32",
-            "pos_ptr": "*i32",
-            "out_ptr": "*i32",
-            "n": "i32",
-            "k": "i32",
-        },
-        constexprs={"ALL": every, "HAS_POS": True, "CHUNK": CHUNK},
-    )
-    for every in (False, True)
-]
+COMPILE_SPECS = (
+    [
+        dict(
+            kernel=_hist_kernel,
+            signature={"scores_ptr": "*fp32", "hist_ptr": "*i32", "n": "i32", "k": "i32"},
+            constexprs={"PASS": p, "CHUNK": CHUNK},
+        )
+        for p in range(3)
+    ]
+    + [
+        dict(
+            kernel=_count_kernel,
+            signature={
+                "scores_ptr": "*fp32",
+                "hist_ptr": "*i32",
+                "counts_ptr": "*i32",
+                "n": "i32",
+                "k": "i32",
+                "n_chunks": "i32",
+            },
+            constexprs={"CHUNK": CHUNK},
+        )
+    ]
+    + [
+        dict(
+            kernel=_write_kernel,
+            signature={
+                "scores_ptr": "*fp32",
+                "hist_ptr": "*i32",
+                "counts_ptr": "*i32",
+                "pos_ptr": "*i32",
+                "out_ptr": "*i32",
+                "n": "i32",
+                "k": "i32",
+                "n_chunks": "i32",
+            },
+            constexprs={"ALL": every, "HAS_POS": True, "CHUNK": CHUNK, "BLOCK_C": 32},
+        )
+        for every in (False, True)
+    ]
+)
