@@ -4,7 +4,7 @@
 runs as a radix select of its own, about twenty launches per call on an H100 (Nsight Systems, Lab
 6c), so a decode step spends more time launching it than reading its scores. This module does the
 same select in a fixed number of launches, whatever the row length, every one of them spread over
-chunks of ``CHUNK`` scores (a grid of chunks x rows, so a batch of 8 long rows fills the GPU):
+chunks of ``CHUNK`` scores (a grid of rows x chunks, so a batch of 8 long rows fills the GPU):
 
 1. Each fp32 score becomes a 32-bit key whose unsigned order is the float order (``_ukey``).
 2. Three histogram passes narrow down the key of the k-th largest score, 12 + 12 + 8 bits at a
@@ -82,9 +82,10 @@ def _hist_kernel(
 ):
     # Pass 0 counts the top 12 bits of every key; pass 1 the next 12 bits of the keys in the bin
     # that pass 0's histogram says holds the k-th largest; pass 2 the last 8 bits of the keys that
-    # match both. Grid: (chunks of the row, rows).
-    row = tl.program_id(1).to(tl.int64)
-    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    # match both. Grid: (rows, chunks of the row): rows on the axis without the 65,535 limit, since a
+    # prefill chunk of a large batch has more query rows than that.
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
     in_row = offs < n
     u = _ukey(tl.load(scores_ptr + row * n + offs, mask=in_row, other=0.0))
     hist = hist_ptr + row * (4096 + 4096 + 256)
@@ -127,9 +128,9 @@ def _count_kernel(
     # meta-parameters
     CHUNK: tl.constexpr,
 ):
-    # Per chunk: how many keys lie above the threshold and how many equal it. Grid: (chunks, rows).
-    row = tl.program_id(1).to(tl.int64)
-    chunk = tl.program_id(0)
+    # Per chunk: how many keys lie above the threshold and how many equal it. Grid: (rows, chunks).
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
     threshold, _ = _threshold(hist_ptr + row * (4096 + 4096 + 256), k)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     in_row = offs < n
@@ -162,9 +163,9 @@ def _write_kernel(
     # Per chunk: the ids of its keys above the threshold and of its keys equal to it that come
     # first among the row's ties, packed after the ids that the chunks before it wrote (the counts
     # tell how many); -1 for ids the query does not see. With ALL (k >= n), every id, and -1 in
-    # the slots past n. Grid: (chunks of max(n, k), rows).
-    row = tl.program_id(1).to(tl.int64)
-    chunk = tl.program_id(0)
+    # the slots past n. Grid: (rows, chunks of max(n, k)).
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     in_row = offs < n
     x = tl.load(scores_ptr + row * n + offs, mask=in_row, other=0.0)
@@ -231,12 +232,12 @@ def topk_ids(scores: torch.Tensor, k: int, positions: torch.Tensor | None = None
     key = (rows, n, k, aligned(scores), aligned(pos), *meta.values())
     if every:
         args = (scores, out, out, pos, out, n, k, n_chunks)
-        _WRITE(key, (cdiv(k, CHUNK), rows), args, **meta)
+        _WRITE(key, (rows, cdiv(k, CHUNK)), args, **meta)
         return out
     # One zeroed buffer: each row's three histograms, then its per-chunk counts (written, not added).
     work = torch.zeros(rows * (HIST + 2 * n_chunks), dtype=torch.int32, device=scores.device)
     hist, counts = work[: rows * HIST], work[rows * HIST :]
-    grid = (n_chunks, rows)
+    grid = (rows, n_chunks)
     for p in range(3):
         _HIST((*key, p), grid, (scores, hist, n, k), PASS=p, CHUNK=CHUNK)
     _COUNT(key, grid, (scores, hist, counts, n, k, n_chunks), CHUNK=CHUNK)

@@ -97,3 +97,16 @@ def test_deepseek_sized_rows_match_torch_topk():
     got = topk.topk_ids(scores.to(device.DEVICE), 2048).cpu()
     want = torch.topk(scores, 2048, dim=-1).indices.sort(-1).values.to(I32)
     assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(
+    not device.GPU_MODE, reason="the grid limit is the GPU's (the interpreter has none)"
+)
+def test_more_rows_than_a_grid_axis_allows():
+    # A prefill chunk of a large batch: 70,000 query rows, past the 65,535 of a grid's y and z axes.
+    g = torch.Generator(device=device.DEVICE).manual_seed(4)
+    scores = torch.randn(70_000, 64, generator=g, device=device.DEVICE)
+    for k in (8, 64):  # the radix select, and every id
+        got = topk.topk_ids(scores, k)
+        want = torch.topk(scores, k, dim=-1).indices.sort(-1).values.to(I32)
+        assert torch.equal(got, want)
