@@ -12,8 +12,8 @@ those only. Three steps, three functions:
    stored paged with the attention cache's block table: ``k_idx_cache: [num_blocks, block_size,
    d_I]``. Causal: ``I[t, s] = -inf`` for ``s > position[t]``. Inputs FP8 e4m3 where the GPU has
    FP8 (``indexer_dtype``), bf16 on other GPUs, fp32 in the interpreter; scores in fp32.
-2. ``topk_indices``: the ``k`` best tokens per query (``torch.topk``), ``-1`` where the context
-   holds fewer than ``k``.
+2. ``topk_indices``: the ``k`` best tokens per query (a radix select, ``kernels.topk``), ``-1``
+   where the context holds fewer than ``k``.
 3. ``sparse_mla``: MLA attention (``kernels.mla``'s absorbed form) of each query over its own
    ``k`` indices, gathering the latent rows inside the kernel: token index -> block table ->
    physical row. Decode (one query per sequence) and prefill (a chunk of ``T`` queries per
@@ -42,6 +42,7 @@ import triton.language as tl
 from kernels import _validate, bench, device, launch, mla, paged_attention, roofline, sdpa
 from kernels.launch import cdiv, next_power_of_2
 from kernels.mla import _attend_tile, _store_partial
+from kernels.topk import topk_ids
 
 INDEX_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 
@@ -429,31 +430,25 @@ def topk_indices(
     scores: torch.Tensor, k: int, positions: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The ``k`` highest-scoring token ids per query: ``scores: fp32 [B, T, n_ctx]`` ->
-    ``int32 [B, T, k]`` (in no particular order), ``-1`` wherever the query sees fewer than ``k``
+    ``int32 [B, T, k]`` (in ascending id order), ``-1`` wherever the query sees fewer than ``k``
     tokens (ids past ``positions[b, t]``, or with ``positions=None`` ids whose score is -inf).
 
-    This is ``torch.topk``: a radix select over each row that reads the ``n_ctx`` scores (4 bytes
-    per token, against the indexer's d_I-byte key and MLA's 1,152 bytes). By bytes it should cost
-    about a microsecond; on an H100 (Lab 6c, batch 8, k = 2048) it took 87 us at 64K tokens and
-    100 us at 128K, more than the indexer (likely latency: 8 long rows give its passes little to
-    spread over 132 SMs; unprofiled).
-    A top-k fused into the indexer (a per-row threshold kept on chip, no scores written) is the
-    fix this module leaves open."""
+    A radix select in five launches (``kernels.topk``): three histogram passes find the k-th
+    largest score of each row, and one program per row writes the ids above it. It reads the
+    ``n_ctx`` scores four times (4 bytes per token each, against the indexer's d_I-byte key and
+    MLA's 1,152 bytes). ``torch.topk`` did the same work in about twenty launches per call, and on
+    an H100 (Lab 6c, batch 8, k = 2048) took 87 us at 64K tokens and 100 us at 128K, more than the
+    indexer."""
     _validate.tensor("scores", scores, dtypes=(torch.float32,), ndim=3)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
-    n_ctx = scores.shape[-1]
-    kk = min(k, n_ctx)
-    vals, idx = torch.topk(scores, kk, dim=-1, sorted=False)
+    b, t, n_ctx = scores.shape
+    flat_pos = None
     if positions is not None:
         _check_int_tensor("positions", positions, 2, scores.shape[:2], scores.device)
-        valid = idx <= positions[..., None]
-    else:
-        valid = vals > float("-inf")
-    idx = torch.where(valid, idx, -1).to(torch.int32)
-    if kk < k:
-        idx = torch.nn.functional.pad(idx, (0, k - kk), value=-1)
-    return idx
+        flat_pos = positions.reshape(b * t)
+    ids = topk_ids(scores.reshape(b * t, n_ctx).contiguous(), k, flat_pos)
+    return ids.view(b, t, k)
 
 
 def sparse_mla(

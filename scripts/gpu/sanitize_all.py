@@ -130,6 +130,18 @@ def mla_dsa():
         close(dsa.sparse_mla(*args, num_splits=splits), ref)
 
 
+def topk_select():
+    from kernels import topk
+
+    scores = torch.randn(3, 9001, device="cuda")
+    positions = torch.tensor([9000, -1, 5000], device="cuda", dtype=torch.int32)
+    for k, pos in ((700, None), (700, positions), (12000, positions)):
+        got = topk.topk_ids(scores, k, pos)
+        if pos is None:
+            want = torch.topk(scores, k, dim=-1).indices.sort(-1).values
+            assert torch.equal(got, want.to(torch.int32)), "topk_ids differs from torch.topk"
+
+
 def quant_gemv():
     from kernels import quant
 
@@ -238,7 +250,7 @@ def moe_fwd_bwd():
 
 
 STEPS = [vector_add, softmax_fwd_bwd, norms_fwd_bwd, matmul, attention_fwd_bwd, paged_decode, mla_dsa,
-         quant_gemv, quant_fp8, sgemm_ladder, hopper_gemm, megakernel, trees, moe_fwd_bwd]  # fmt: skip
+         topk_select, quant_gemv, quant_fp8, sgemm_ladder, hopper_gemm, megakernel, trees, moe_fwd_bwd]  # fmt: skip
 
 
 def _run_each_candidate_once() -> None:
