@@ -1,0 +1,264 @@
+// FlashAttention forward with warp specialisation, on the machinery of hgemm step 11 (wgmma, TMA into
+// an mbarrier ring, a producer warpgroup that gives its registers to two consumer warpgroups). Built
+// after hgemm_common.cuh, for sm_90a only.
+//
+// O = softmax(Q K^T * scale) V for bf16 Q, K, V of head dimension D = 128, one program per 128 query
+// rows of one (batch, head), fp32 accumulation, bf16 O and the log2-domain log-sum-exp of every row
+// (lse = m + log2(l), scores in units of scale * log2(e): kernels/flash_attention.py's convention, so
+// its backward can take this forward's lse).
+//
+//  - warpgroup 0, the producer: one thread loads the block's Q tile once, then K and V tiles of 128
+//    keys into a 2-slot ring. K and V have a full barrier each, so the scores can start before V lands.
+//  - warpgroups 1 and 2, the consumers: each owns 64 query rows. Per key tile: S = Q K^T with eight
+//    wgmma m64n128k16 (A = Q and B = K from shared memory, both K-major over d); mask, scale, online
+//    softmax in registers (each row lives in the 4 lanes of a quad: two shuffles reduce it); then
+//    O += P V with eight wgmma m64n128k16 whose A operand, P, comes from *registers*: the accumulator
+//    layout of S is, pair by pair, the A-fragment layout of the next MMA (PTX ISA, "register fragment
+//    for matrix A"), so P is only rounded to bf16 and packed, never stored.
+//
+// V is read as Vt[D, N] (keys contiguous): then it is K-major for the P V product, exactly like K is for
+// Q K^T, and the descriptors of hgemm (desc_k128) serve unchanged. The binding transposes V once (a
+// copy of N x D elements per head, small next to the N^2 D work; FlashAttention-3 instead reads V
+// MN-major through the descriptor's transpose bit).
+//
+// What this kernel does not do yet (FlashAttention-3's other two ideas): ping-pong scheduling of the
+// two consumers (named barriers so that one's softmax overlaps the other's MMAs) and intra-warpgroup
+// overlap of the softmax of tile j with S = Q K^T of tile j + 1. Both consumers here run in lockstep
+// with the tensor cores idle during each softmax: the first thing a profile of this kernel should show.
+//
+// Rows of the last query block past N belong to the next head in the flattened [B*H*N, D] view: they
+// are computed and not stored. Keys past N (the last key tile's tail, or the next head's rows) are
+// masked to -inf before the softmax; Vt's columns past N are zero-filled by TMA.
+
+namespace faws {
+constexpr int BM = 128, BN = 128, D = 128, STAGES = 2, CONSUMERS = 2, NT = 128 * (1 + CONSUMERS);
+constexpr int HALF = 128 * 64 * 2;  // one TMA box: 128 rows x 64 bf16 (128-byte swizzled rows)
+constexpr int TILE = 2 * HALF;      // a 128 x 128 tile as two boxes side by side: 32 KB
+// Q, then per stage K and Vt; 1 KB of alignment slack; the barriers: Q, then full K, full V and
+// empty per stage.
+constexpr int SMEM = TILE + STAGES * 2 * TILE + 1024 + (1 + 3 * STAGES) * 8;
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
+static_assert(SMEM <= 227 * 1024, "shared memory per block");
+}  // namespace faws
+
+// d[64] += A(64x16, registers a[4]) @ B(16x128, descriptor b): A from registers, B K-major. The four
+// 32-bit registers hold A's bf16 pairs: rows r and r + 8 (r = 16 * warp + lane / 4), columns
+// 2 * (lane % 4) + {0, 1} and 8 + 2 * (lane % 4) + {0, 1}, in the order (r, lo), (r + 8, lo), (r, hi),
+// (r + 8, hi).
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1)
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The largest / the sum over the 4 lanes of a quad: the 4 threads that hold one row of a fragment.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+template <bool CAUSAL>
+__global__ void __launch_bounds__(faws::NT, 1)
+    fa_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                 const __grid_constant__ CUtensorMap map_vt, int N, float qk_scale,
+                 bf16* __restrict__ O, float* __restrict__ lse) {
+  using namespace faws;
+  extern __shared__ uint8_t smem[];
+  const uint32_t q_tile = smem_base_1024(smem), kv = q_tile + TILE;
+  const uint32_t q_full = kv + STAGES * 2 * TILE, k_full = q_full + 8, v_full = k_full + STAGES * 8,
+                 empty = v_full + STAGES * 8;
+  const int m0 = blockIdx.x * BM, bh = blockIdx.y;
+  const int n_keys = CAUSAL ? min(N, m0 + BM) : N;  // keys any row of this block can see
+  const int blocks = HG_CEIL_DIV(n_keys, BN);
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(k_full + 8 * s, 1);
+      mbar_init(v_full + 8 * s, 1);
+      mbar_init(empty + 8 * s, CONSUMERS * 4);  // lane 0 of every consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+    if (threadIdx.x == 0) {
+      const int q_row = bh * N + m0;
+      mbar_arrive_expect_tx(q_full, TILE);
+      tma_load_2d(q_tile, &map_q, q_full, 0, q_row);
+      tma_load_2d(q_tile + HALF, &map_q, q_full, 64, q_row);
+      for (int j = 0; j < blocks; ++j) {
+        const int s = j % STAGES;
+        // The n-th refill of slot s waits for the consumers' release of fill n - 1.
+        if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
+        const uint32_t k_tile = kv + s * 2 * TILE, vt_tile = k_tile + TILE;
+        const int k_row = bh * N + j * BN;
+        mbar_arrive_expect_tx(k_full + 8 * s, TILE);
+        tma_load_2d(k_tile, &map_k, k_full + 8 * s, 0, k_row);
+        tma_load_2d(k_tile + HALF, &map_k, k_full + 8 * s, 64, k_row);
+        mbar_arrive_expect_tx(v_full + 8 * s, TILE);
+        tma_load_2d(vt_tile, &map_vt, v_full + 8 * s, j * BN, bh * D);
+        tma_load_2d(vt_tile + HALF, &map_vt, v_full + 8 * s, j * BN + 64, bh * D);
+      }
+    }
+  } else {
+    // ---- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    const int c = wg - 1;  // query rows 64c .. 64c + 63 of the block
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int row[2] = {m0 + 64 * c + 16 * warp + lane / 4, m0 + 64 * c + 16 * warp + lane / 4 + 8};
+    float o[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    mbar_wait(q_full, 0);
+    const uint32_t q_rows = q_tile + c * 64 * 128;  // this consumer's 64 rows in each box
+
+    for (int j = 0; j < blocks; ++j) {
+      const int s = j % STAGES;
+      const uint32_t parity = (j / STAGES) & 1, k_tile = kv + s * 2 * TILE, vt_tile = k_tile + TILE;
+
+      // S = Q K^T: k16 slice kk of d is 32 bytes into box kk / 4.
+      float sc[64];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) sc[i] = 0.f;
+      mbar_wait(k_full + 8 * s, parity);
+      wgmma_fence();
+      fence_operands(sc);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_m64n128k16(sc, desc_k128(q_rows + (kk / 4) * HALF + (kk % 4) * 32),
+                         desc_k128(k_tile + (kk / 4) * HALF + (kk % 4) * 32));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(sc);
+
+      // Mask and scale. Fragment element 4 * jj + 2 * h + e: row row[h], key column
+      // j * BN + 8 * jj + 2 * (lane % 4) + e.
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = j * BN + 8 * jj + 2 * (lane % 4) + e;
+            const bool seen = key < N && (!CAUSAL || key <= row[h]);
+            float& x = sc[4 * jj + 2 * h + e];
+            x = seen ? x * qk_scale : -INFINITY;
+          }
+
+      // Online softmax, row by row: the new maximum, the rescale of what came before, P = exp2(S - m).
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int jj = 0; jj < BN / 8; ++jj) mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * h], sc[4 * jj + 2 * h + 1]));
+        const float m_new = fmaxf(m[h], quad_max(mx));
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row that has seen nothing yet
+        const float alpha = exp2f(m[h] - m_use);
+        float sum = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = sc[4 * jj + 2 * h + e];
+            x = exp2f(x - m_use);
+            sum += x;
+          }
+        l[h] = l[h] * alpha + quad_sum(sum);
+        m[h] = m_new;
+#pragma unroll
+        for (int jj = 0; jj < D / 8; ++jj) {
+          o[4 * jj + 2 * h] *= alpha;
+          o[4 * jj + 2 * h + 1] *= alpha;
+        }
+      }
+
+      // P as the A operand of O += P V: k16 slice t of the keys is fragment blocks 2t and 2t + 1.
+      uint32_t p[BN / 16][4];
+#pragma unroll
+      for (int t = 0; t < BN / 16; ++t) {
+        p[t][0] = pack_bf16(sc[8 * t + 0], sc[8 * t + 1]);  // row r, columns 16t + 2(lane%4) + {0,1}
+        p[t][1] = pack_bf16(sc[8 * t + 2], sc[8 * t + 3]);  // row r + 8
+        p[t][2] = pack_bf16(sc[8 * t + 4], sc[8 * t + 5]);  // row r, columns 16t + 8 + ...
+        p[t][3] = pack_bf16(sc[8 * t + 6], sc[8 * t + 7]);  // row r + 8
+      }
+      mbar_wait(v_full + 8 * s, parity);
+      wgmma_fence();  // P's registers and the rescaled O were written by ordinary instructions
+      fence_operands(o);
+#pragma unroll
+      for (int t = 0; t < BN / 16; ++t)
+        wgmma_m64n128k16_rs(o, p[t], desc_k128(vt_tile + (t / 4) * HALF + (t % 4) * 32));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(o);
+      if (lane == 0) mbar_arrive(empty + 8 * s);  // this warp is done with slot s
+    }
+
+    // Epilogue: O / l, rows past N not stored; lse by the first lane of each quad.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (row[h] >= N) continue;
+      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      const int64_t base = (static_cast<int64_t>(bh) * N + row[h]) * D;
+#pragma unroll
+      for (int jj = 0; jj < D / 8; ++jj) {
+        const int col = 8 * jj + 2 * (lane % 4);
+        *reinterpret_cast<__nv_bfloat162*>(O + base + col) =
+            __floats2bfloat162_rn(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+      }
+      if (lane % 4 == 0) lse[static_cast<int64_t>(bh) * N + row[h]] = m[h] + log2f(l[h]);
+    }
+  }
+}
+
+// Q, K: [BH * N, 128] row-major; Vt: [BH * 128, N] row-major (N a multiple of 8: TMA's 16-byte row
+// pitch); O: [BH * N, 128]; lse: [BH * N]. nullptr when it launched, else what went wrong.
+const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* Vt, bf16* O, float* lse, int BH,
+                          int N, float qk_scale, bool causal, cudaStream_t s) {
+  using namespace faws;
+  CUtensorMap map_q, map_k, map_vt;
+  const char* err;
+  if ((err = hgemm_tensor_map(&map_q, Q, BH * N, D, BM))) return err;
+  if ((err = hgemm_tensor_map(&map_k, K, BH * N, D, BN))) return err;
+  if ((err = hgemm_tensor_map(&map_vt, Vt, BH * D, N, D))) return err;
+  const dim3 grid(HG_CEIL_DIV(N, BM), BH);
+  if (causal) {
+    if ((err = hgemm_allow_smem(fa_ws_kernel<true>, SMEM))) return err;
+    fa_ws_kernel<true><<<grid, NT, SMEM, s>>>(map_q, map_k, map_vt, N, qk_scale, O, lse);
+  } else {
+    if ((err = hgemm_allow_smem(fa_ws_kernel<false>, SMEM))) return err;
+    fa_ws_kernel<false><<<grid, NT, SMEM, s>>>(map_q, map_k, map_vt, N, qk_scale, O, lse);
+  }
+  return nullptr;
+}
