@@ -32,17 +32,20 @@ def test_compiles_for_sm90a_into_its_instructions(compiled):
     if not compiled.sass:
         pytest.skip("no cuobjdump to disassemble with")
     kernels = hgemm_check.sass_by_kernel(compiled.sass)
-    assert len(kernels) == 2  # causal and not
-    for sass in kernels.values():
+    assert len(kernels) == 4  # causal or not, plain or overlapped schedule
+    for name, sass in kernels.items():
+        overlap = re.search(r"ILb[01]ELb1E", name) is not None  # the second template argument
         hgmma = re.findall(r"HGMMA\.64x128x16\.F32\.BF16 ([^;]*);", sass)
         from_smem = [h for h in hgmma if re.match(r"R\d+, gdesc", h)]
         from_regs = [h for h in hgmma if re.match(r"R\d+, R\d+, gdesc", h)]
-        assert len(from_smem) == 8 and len(from_regs) == 8, (
-            hgmma
-        )  # S = Q K^T; O += P V, P in registers
+        # S = Q K^T from shared memory; O += P V with P in registers. The overlapped schedule has
+        # each twice: once in its loop, once in its first and last phases.
+        want = 16 if overlap else 8
+        assert len(from_smem) == want and len(from_regs) == want, (name, hgmma)
         for op in ("UTMALDG", "USETMAXREG.TRY_ALLOC", "USETMAXREG.DEALLOC", "SYNCS.PHASECHK"):
             assert op in sass, op
         assert not re.search(r"\b(LDL|STL)\b", sass)
+        assert ("BAR.ARV" in sass) == overlap  # the ping-pong hands the turn over with bar.arrive
 
 
 @pytest.mark.parametrize(
@@ -58,15 +61,17 @@ def test_compiles_for_sm90a_into_its_instructions(compiled):
         (dict(sm_scale=0.0), ValueError, "sm_scale must be positive"),
         (dict(sm_scale=True), TypeError, "sm_scale must be a number"),
         (dict(q=[1]), TypeError, "q must be a torch.Tensor"),
+        (dict(schedule="fast"), ValueError, "schedule must be one of"),
     ],
 )  # fmt: skip
 def test_bad_input_is_named_before_anything_is_built(kw, err, match):
     args = dict(q=torch.zeros(1, 1, 8, 128, dtype=BF16), k=torch.zeros(1, 1, 8, 128, dtype=BF16),
                 v=torch.zeros(1, 1, 8, 128, dtype=BF16))  # fmt: skip
     sm_scale = kw.pop("sm_scale", None)
+    schedule = kw.pop("schedule", "overlap")
     args.update(kw)
     with pytest.raises(err, match=match):
-        fa_ws.attention(args["q"], args["k"], args["v"], sm_scale=sm_scale)
+        fa_ws.attention(args["q"], args["k"], args["v"], sm_scale=sm_scale, schedule=schedule)
 
 
 @pytest.mark.skipif(HOPPER, reason="on Hopper the kernel runs")
@@ -90,17 +95,18 @@ def test_reference_is_softmax_attention_in_log2_units():
 
 
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (sm_90a) and nvcc")
+@pytest.mark.parametrize("schedule", fa_ws.SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
     "b, h, n", [(1, 1, 128), (2, 3, 264), (1, 2, 1000), (1, 1, 8), (1, 2, 2048)]
 )
-def test_matches_fp32_reference(b, h, n, causal):
+def test_matches_fp32_reference(b, h, n, causal, schedule):
     # Sequence lengths that end mid-tile (264, 1000, 8), heads whose tiles border each other in the
     # flattened [B*H*N, 128] view (keys past N are the next head's rows: masked), a long one.
     g = torch.Generator(device=device.DEVICE).manual_seed(n + h)
     q, k, v = (torch.randn(b, h, n, 128, generator=g, device=device.DEVICE, dtype=BF16)
                for _ in range(3))  # fmt: skip
-    o, lse = fa_ws.attention(q, k, v, causal=causal)
+    o, lse = fa_ws.attention(q, k, v, causal=causal, schedule=schedule)
     o_ref, lse_ref = fa_ws.attention_ref(q, k, v, causal=causal)
     assert o.shape == q.shape and o.dtype == BF16 and lse.shape == (b, h, n)
     torch.testing.assert_close(o.float(), o_ref, rtol=2e-2, atol=2e-2)

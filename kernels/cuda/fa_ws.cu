@@ -21,10 +21,11 @@
 // copy of N x D elements per head, small next to the N^2 D work; FlashAttention-3 instead reads V
 // MN-major through the descriptor's transpose bit).
 //
-// What this kernel does not do yet (FlashAttention-3's other two ideas): ping-pong scheduling of the
-// two consumers (named barriers so that one's softmax overlaps the other's MMAs) and intra-warpgroup
-// overlap of the softmax of tile j with S = Q K^T of tile j + 1. Both consumers here run in lockstep
-// with the tensor cores idle during each softmax: the first thing a profile of this kernel should show.
+// Two schedules (the template's OVERLAP): "plain" waits for each product in turn, so the tensor cores
+// idle during every softmax; "overlap" is FlashAttention-3's: within a consumer, the softmax of key
+// tile j runs while the tensor cores do P V of tile j - 1 (issued together with S of tile j), and the
+// two consumers take turns to issue their products through named barriers (ping-pong), so that one's
+// softmax hides behind the other's MMAs.
 //
 // Rows of the last query block past N belong to the next head in the flattened [B*H*N, D] view: they
 // are computed and not stored. Keys past N (the last key tile's tail, or the next head's rows) are
@@ -83,7 +84,110 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
+// Named barriers 1 and 2 pass the tensor cores between the two consumers (ping-pong): bar.sync waits
+// for 256 arrivals, its own warpgroup's 128 and the other's 128 bar.arrive.
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+
+// One consumer's view of the work: its 64 query rows, the rows this thread holds, the scale.
+struct Consumer {
+  uint32_t q_rows;  // this consumer's 64 rows of Q in box 0 (box 1 is HALF further)
+  int row[2];       // the two rows of every fragment this thread holds
+  int lane, N;
+  float qk_scale;
+};
+
+// S = Q K^T for one key tile (issued, not waited for): k16 slice kk of d is 32 bytes into box kk / 4.
+__device__ __forceinline__ void issue_qk(float (&sc)[64], const Consumer& me, uint32_t k_tile) {
+  using namespace faws;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) sc[i] = 0.f;
+  wgmma_fence();
+  fence_operands(sc);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_m64n128k16(sc, desc_k128(me.q_rows + (kk / 4) * HALF + (kk % 4) * 32),
+                     desc_k128(k_tile + (kk / 4) * HALF + (kk % 4) * 32));
+  wgmma_commit();
+}
+
+// O += P V for one key tile (issued, not waited for): P in registers, V^T's k16 slice t in box t / 4.
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[faws::BN / 16][4],
+                                         uint32_t vt_tile) {
+  using namespace faws;
+  wgmma_fence();  // P's registers and the rescaled O were written by ordinary instructions
+  fence_operands(o);
+#pragma unroll
+  for (int t = 0; t < BN / 16; ++t)
+    wgmma_m64n128k16_rs(o, p[t], desc_k128(vt_tile + (t / 4) * HALF + (t % 4) * 32));
+  wgmma_commit();
+}
+
+// Mask and scale key tile j's scores, then the online softmax: sc becomes P = exp2(S - m) (unrounded),
+// m and l are updated, and alpha[h] is what O must be multiplied by before this tile's P V. Fragment
+// element 4 * jj + 2 * h + e is row row[h], key j * BN + 8 * jj + 2 * (lane % 4) + e.
 template <bool CAUSAL>
+__device__ __forceinline__ void softmax_tile(float (&sc)[64], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2], const Consumer& me, int j) {
+  using namespace faws;
+#pragma unroll
+  for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = j * BN + 8 * jj + 2 * (me.lane % 4) + e;
+        const bool seen = key < me.N && (!CAUSAL || key <= me.row[h]);
+        float& x = sc[4 * jj + 2 * h + e];
+        x = seen ? x * me.qk_scale : -INFINITY;
+      }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int jj = 0; jj < BN / 8; ++jj) mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * h], sc[4 * jj + 2 * h + 1]));
+    const float m_new = fmaxf(m[h], quad_max(mx));
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row that has seen nothing yet
+    alpha[h] = exp2f(m[h] - m_use);
+    float sum = 0.f;
+#pragma unroll
+    for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = sc[4 * jj + 2 * h + e];
+        x = exp2f(x - m_use);
+        sum += x;
+      }
+    l[h] = l[h] * alpha[h] + quad_sum(sum);
+    m[h] = m_new;
+  }
+}
+
+__device__ __forceinline__ void rescale(float (&o)[64], const float (&alpha)[2]) {
+#pragma unroll
+  for (int jj = 0; jj < faws::D / 8; ++jj)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      o[4 * jj + 2 * h] *= alpha[h];
+      o[4 * jj + 2 * h + 1] *= alpha[h];
+    }
+}
+
+// P as the A operand of O += P V: k16 slice t of the keys is fragment blocks 2t and 2t + 1, rows r and
+// r + 8, columns 16t + 2 (lane % 4) + {0, 1} and 8 more.
+__device__ __forceinline__ void pack_p(uint32_t (&p)[faws::BN / 16][4], const float (&sc)[64]) {
+#pragma unroll
+  for (int t = 0; t < faws::BN / 16; ++t) {
+    p[t][0] = pack_bf16(sc[8 * t + 0], sc[8 * t + 1]);  // row r, columns 16t + 2(lane%4) + {0,1}
+    p[t][1] = pack_bf16(sc[8 * t + 2], sc[8 * t + 3]);  // row r + 8
+    p[t][2] = pack_bf16(sc[8 * t + 4], sc[8 * t + 5]);  // row r, columns 16t + 8 + ...
+    p[t][3] = pack_bf16(sc[8 * t + 6], sc[8 * t + 7]);  // row r + 8
+  }
+}
+
+template <bool CAUSAL, bool OVERLAP>
 __global__ void __launch_bounds__(faws::NT, 1)
     fa_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                  const __grid_constant__ CUtensorMap map_vt, int N, float qk_scale,
@@ -137,92 +241,75 @@ __global__ void __launch_bounds__(faws::NT, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
     const int c = wg - 1;  // query rows 64c .. 64c + 63 of the block
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    const int row[2] = {m0 + 64 * c + 16 * warp + lane / 4, m0 + 64 * c + 16 * warp + lane / 4 + 8};
-    float o[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const int r0 = m0 + 64 * c + 16 * warp + lane / 4;
+    const Consumer me{q_tile + c * 64 * 128, {r0, r0 + 8}, lane, N, qk_scale};
+    const int* row = me.row;
+    float o[64], sc[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+    uint32_t p[BN / 16][4];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     mbar_wait(q_full, 0);
-    const uint32_t q_rows = q_tile + c * 64 * 128;  // this consumer's 64 rows in each box
+    const auto k_tile = [&](int j) { return kv + (j % STAGES) * 2 * TILE; };
+    const auto parity = [](int j) { return static_cast<uint32_t>((j / STAGES) & 1); };
 
-    for (int j = 0; j < blocks; ++j) {
-      const int s = j % STAGES;
-      const uint32_t parity = (j / STAGES) & 1, k_tile = kv + s * 2 * TILE, vt_tile = k_tile + TILE;
-
-      // S = Q K^T: k16 slice kk of d is 32 bytes into box kk / 4.
-      float sc[64];
-#pragma unroll
-      for (int i = 0; i < 64; ++i) sc[i] = 0.f;
-      mbar_wait(k_full + 8 * s, parity);
-      wgmma_fence();
-      fence_operands(sc);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_m64n128k16(sc, desc_k128(q_rows + (kk / 4) * HALF + (kk % 4) * 32),
-                         desc_k128(k_tile + (kk / 4) * HALF + (kk % 4) * 32));
-      wgmma_commit();
+    if (!OVERLAP) {
+      // Each tile in turn: S = Q K^T, softmax, O += P V, waiting for each product.
+      for (int j = 0; j < blocks; ++j) {
+        mbar_wait(k_full + 8 * (j % STAGES), parity(j));
+        issue_qk(sc, me, k_tile(j));
+        wgmma_wait<0>();
+        fence_operands(sc);
+        softmax_tile<CAUSAL>(sc, m, l, alpha, me, j);
+        rescale(o, alpha);
+        pack_p(p, sc);
+        mbar_wait(v_full + 8 * (j % STAGES), parity(j));
+        issue_pv(o, p, k_tile(j) + TILE);
+        wgmma_wait<0>();
+        fence_operands(o);
+        if (lane == 0) mbar_arrive(empty + 8 * (j % STAGES));  // this warp is done with the slot
+      }
+    } else {
+      // FlashAttention-3's schedule. Within a consumer, the softmax of tile j runs while the tensor
+      // cores do P V of tile j - 1 (issued just before, with S of tile j). Between the consumers, a
+      // named barrier passes the turn to issue products back and forth (ping-pong), so that one's
+      // softmax overlaps the other's products. Phases per consumer: S_0, then blocks - 1 times
+      // (S_j with P V_{j-1}), then P V of the last tile. Consumer 1 hands consumer 0 the first turn
+      // and skips its last hand-over, so every bar.sync meets exactly one bar.arrive.
+      const int mine = 1 + c, other = 2 - c;
+      if (c == 1) named_arrive(1);
+      named_sync(mine);
+      mbar_wait(k_full, parity(0));
+      issue_qk(sc, me, k_tile(0));
+      named_arrive(other);
       wgmma_wait<0>();
       fence_operands(sc);
-
-      // Mask and scale. Fragment element 4 * jj + 2 * h + e: row row[h], key column
-      // j * BN + 8 * jj + 2 * (lane % 4) + e.
-#pragma unroll
-      for (int jj = 0; jj < BN / 8; ++jj)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = j * BN + 8 * jj + 2 * (lane % 4) + e;
-            const bool seen = key < N && (!CAUSAL || key <= row[h]);
-            float& x = sc[4 * jj + 2 * h + e];
-            x = seen ? x * qk_scale : -INFINITY;
-          }
-
-      // Online softmax, row by row: the new maximum, the rescale of what came before, P = exp2(S - m).
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int jj = 0; jj < BN / 8; ++jj) mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * h], sc[4 * jj + 2 * h + 1]));
-        const float m_new = fmaxf(m[h], quad_max(mx));
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row that has seen nothing yet
-        const float alpha = exp2f(m[h] - m_use);
-        float sum = 0.f;
-#pragma unroll
-        for (int jj = 0; jj < BN / 8; ++jj)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = sc[4 * jj + 2 * h + e];
-            x = exp2f(x - m_use);
-            sum += x;
-          }
-        l[h] = l[h] * alpha + quad_sum(sum);
-        m[h] = m_new;
-#pragma unroll
-        for (int jj = 0; jj < D / 8; ++jj) {
-          o[4 * jj + 2 * h] *= alpha;
-          o[4 * jj + 2 * h + 1] *= alpha;
-        }
+      softmax_tile<CAUSAL>(sc, m, l, alpha, me, 0);
+      pack_p(p, sc);
+      for (int j = 1; j < blocks; ++j) {
+        named_sync(mine);
+        mbar_wait(k_full + 8 * (j % STAGES), parity(j));
+        issue_qk(sc, me, k_tile(j));
+        rescale(o, alpha);  // O so far, to the maximum of tile j - 1, before its P V
+        mbar_wait(v_full + 8 * ((j - 1) % STAGES), parity(j - 1));
+        issue_pv(o, p, k_tile(j - 1) + TILE);
+        named_arrive(other);
+        wgmma_wait<1>();  // S_j is done; P V_{j-1} may still run
+        fence_operands(sc);
+        softmax_tile<CAUSAL>(sc, m, l, alpha, me, j);
+        wgmma_wait<0>();  // P V_{j-1} is done: its slot and P's registers are free
+        fence_operands(o);
+        if (lane == 0) mbar_arrive(empty + 8 * ((j - 1) % STAGES));
+        pack_p(p, sc);
       }
-
-      // P as the A operand of O += P V: k16 slice t of the keys is fragment blocks 2t and 2t + 1.
-      uint32_t p[BN / 16][4];
-#pragma unroll
-      for (int t = 0; t < BN / 16; ++t) {
-        p[t][0] = pack_bf16(sc[8 * t + 0], sc[8 * t + 1]);  // row r, columns 16t + 2(lane%4) + {0,1}
-        p[t][1] = pack_bf16(sc[8 * t + 2], sc[8 * t + 3]);  // row r + 8
-        p[t][2] = pack_bf16(sc[8 * t + 4], sc[8 * t + 5]);  // row r, columns 16t + 8 + ...
-        p[t][3] = pack_bf16(sc[8 * t + 6], sc[8 * t + 7]);  // row r + 8
-      }
-      mbar_wait(v_full + 8 * s, parity);
-      wgmma_fence();  // P's registers and the rescaled O were written by ordinary instructions
-      fence_operands(o);
-#pragma unroll
-      for (int t = 0; t < BN / 16; ++t)
-        wgmma_m64n128k16_rs(o, p[t], desc_k128(vt_tile + (t / 4) * HALF + (t % 4) * 32));
-      wgmma_commit();
+      const int last = blocks - 1;
+      named_sync(mine);
+      rescale(o, alpha);
+      mbar_wait(v_full + 8 * (last % STAGES), parity(last));
+      issue_pv(o, p, k_tile(last) + TILE);
+      if (c == 0) named_arrive(other);
       wgmma_wait<0>();
       fence_operands(o);
-      if (lane == 0) mbar_arrive(empty + 8 * s);  // this warp is done with slot s
+      if (lane == 0) mbar_arrive(empty + 8 * (last % STAGES));
     }
 
     // Epilogue: O / l, rows past N not stored; lse by the first lane of each quad.
@@ -245,7 +332,7 @@ __global__ void __launch_bounds__(faws::NT, 1)
 // Q, K: [BH * N, 128] row-major; Vt: [BH * 128, N] row-major (N a multiple of 8: TMA's 16-byte row
 // pitch); O: [BH * N, 128]; lse: [BH * N]. nullptr when it launched, else what went wrong.
 const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* Vt, bf16* O, float* lse, int BH,
-                          int N, float qk_scale, bool causal, cudaStream_t s) {
+                          int N, float qk_scale, bool causal, bool overlap, cudaStream_t s) {
   using namespace faws;
   CUtensorMap map_q, map_k, map_vt;
   const char* err;
@@ -253,12 +340,9 @@ const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* Vt, bf16* O,
   if ((err = hgemm_tensor_map(&map_k, K, BH * N, D, BN))) return err;
   if ((err = hgemm_tensor_map(&map_vt, Vt, BH * D, N, D))) return err;
   const dim3 grid(HG_CEIL_DIV(N, BM), BH);
-  if (causal) {
-    if ((err = hgemm_allow_smem(fa_ws_kernel<true>, SMEM))) return err;
-    fa_ws_kernel<true><<<grid, NT, SMEM, s>>>(map_q, map_k, map_vt, N, qk_scale, O, lse);
-  } else {
-    if ((err = hgemm_allow_smem(fa_ws_kernel<false>, SMEM))) return err;
-    fa_ws_kernel<false><<<grid, NT, SMEM, s>>>(map_q, map_k, map_vt, N, qk_scale, O, lse);
-  }
+  auto kernel = causal ? (overlap ? fa_ws_kernel<true, true> : fa_ws_kernel<true, false>)
+                       : (overlap ? fa_ws_kernel<false, true> : fa_ws_kernel<false, false>);
+  if ((err = hgemm_allow_smem(kernel, SMEM))) return err;
+  kernel<<<grid, NT, SMEM, s>>>(map_q, map_k, map_vt, N, qk_scale, O, lse);
   return nullptr;
 }

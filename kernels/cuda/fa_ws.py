@@ -5,7 +5,8 @@ tensors: ``o = softmax(q kᵀ · sm_scale) v`` in bf16 and the log-sum-exp of ev
 ``kernels.flash_attention``'s log2 convention (fp32 ``[B, H, N]``). ``fa_ws.cu`` says how it works:
 a producer warpgroup streams K and V tiles with TMA into a two-slot mbarrier ring, and two consumer
 warpgroups each run 64 query rows through ``wgmma`` (S = Q Kᵀ from shared memory, O += P V with P
-from registers) and the online softmax between them.
+from registers) and the online softmax between them, by default on FlashAttention-3's schedule
+(``SCHEDULES``).
 
 Why CUDA and not Triton: Triton 3.6's automatic warp specialisation of this kernel computes the
 causal case wrongly, and splitting the query tile by hand makes each consumer partition do both
@@ -33,10 +34,14 @@ import kernels.cuda as ladder
 from kernels.cuda import hgemm_check
 
 HEAD_DIM = 128
+# "overlap": FlashAttention-3's schedule (the softmax of one key tile runs while the tensor cores do
+# the previous tile's P V, and the two consumers take turns to issue products); "plain": each tile's
+# products waited for in turn (the A/B baseline, and the simpler kernel to debug).
+SCHEDULES = ("overlap", "plain")
 SOURCES = ["hgemm_common.cuh", "fa_ws.cu"]
 SIGNATURE = (
     "std::vector<torch::Tensor> fa_ws(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
-    "bool causal, double sm_scale);"
+    "bool causal, double sm_scale, bool overlap);"
 )
 
 
@@ -95,9 +100,13 @@ def attention(
     v: torch.Tensor,
     causal: bool = False,
     sm_scale: float | None = None,
+    schedule: str = "overlap",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(o, lse)`` of attention over bf16 ``[B, H, N, 128]`` q, k, v (see the module docstring)."""
+    """``(o, lse)`` of attention over bf16 ``[B, H, N, 128]`` q, k, v (see the module docstring);
+    ``schedule`` is one of ``SCHEDULES``."""
     scale = _check(q, k, v, sm_scale)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(reason)
@@ -105,7 +114,10 @@ def attention(
         raise ValueError(f"q, k and v must be on the GPU, got {q.device}")
     if q.numel() == 0:
         return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
-    o, lse = _module().fa_ws(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), scale)
+    overlap = schedule == "overlap"
+    o, lse = _module().fa_ws(
+        q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), scale, overlap
+    )
     return o, lse
 
 

@@ -9,7 +9,8 @@ SDPA with issue 19's goal checked.
     python scripts/gpu/fa_cuda_probe.py --out r.jsonl # also write the timing records there
 
 Timings (kernels.bench.measure, L2 flushed, median) use the same inputs for every implementation:
-"cuda-ws" (this kernel), "course" (flash_attention.attention, Triton) and SDPA's cuDNN and
+"cuda-ws" (this kernel, FlashAttention-3's overlapped schedule), "cuda-ws-plain" (the same kernel
+waiting for each product in turn), "course" (flash_attention.attention, Triton) and SDPA's cuDNN and
 FlashAttention-2 backends where they run. Issue 19's goal: >= 0.9x cuDNN's forward at N >= 4096,
 d = 128, causal and not. Records are not appended to results/ until this probe shows the kernel
 right.
@@ -58,8 +59,8 @@ def correctness() -> None:
     for n in CHECK_SEQS:
         shape = shape_for(n)
         q, k, v = inputs(shape, seed=n)
-        for causal in (False, True):
-            o, lse = fa_ws.attention(q, k, v, causal)
+        for causal, schedule in ((c, s) for c in (False, True) for s in fa_ws.SCHEDULES):
+            o, lse = fa_ws.attention(q, k, v, causal, schedule=schedule)
             sub = (slice(0, 1), slice(0, 2))
             o_ref, lse_ref = fa_ws.attention_ref(q[sub], k[sub], v[sub], causal)
             err_ref = rel_err(o[sub], o_ref)
@@ -67,21 +68,22 @@ def correctness() -> None:
             err_fa = rel_err(o, o_fa)
             lse_diff = (lse - lse_fa).abs().max().item()
             ok = err_ref < TOL and err_fa < TOL and lse_diff < LSE_TOL and not o.isnan().any()
-            print(f"  {'ok  ' if ok else 'FAIL'} N={n:<6} causal={causal!s:<5} vs fp32 {err_ref:.2e}"
+            print(f"  {'ok  ' if ok else 'FAIL'} N={n:<6} causal={causal!s:<5} {schedule:<7} vs fp32 {err_ref:.2e}"
                   f"  vs course {err_fa:.2e}  lse max diff {lse_diff:.1e}", flush=True)  # fmt: skip
             if not ok:
                 bad = ((o.float() - o_fa.float()).abs() > 0.1).any(-1)  # [B, H, N] rows
                 rows = bad.nonzero()[:, -1]
                 print(f"    wrong rows: {bad.float().mean().item():.1%}; row % 128 of them "
                       f"{sorted(set((rows % 128).tolist()))[:16]}; first {rows[:8].tolist()}")  # fmt: skip
-                raise SystemExit(f"fa_ws wrong at N={n} causal={causal}")
+                raise SystemExit(f"fa_ws wrong at N={n} causal={causal} schedule={schedule}")
 
 
 def small_case() -> None:
     """What compute-sanitizer runs: a ragged length, two heads, both masks."""
     q, k, v = inputs((1, 2, 264, D), seed=1)
     for causal in (False, True):
-        fa_ws.attention(q, k, v, causal)
+        for schedule in fa_ws.SCHEDULES:
+            fa_ws.attention(q, k, v, causal, schedule=schedule)
     torch.cuda.synchronize()
 
 
@@ -107,7 +109,11 @@ def sanitize() -> None:
 
 
 def impls() -> dict:
-    out = {"cuda-ws": fa_ws.attention, "course": fa.attention}
+    out = {
+        "cuda-ws": fa_ws.attention,
+        "cuda-ws-plain": functools.partial(fa_ws.attention, schedule="plain"),
+        "course": fa.attention,
+    }
     for b in ("cudnn", "flash"):
         if fa.sdpa_available(b, DTYPE, D):
             out[f"sdpa-{b}"] = functools.partial(fa.sdpa, backend=b)
@@ -119,7 +125,7 @@ def timings(out_path: str | None) -> None:
     fns = impls()
     names = list(fns)
     print("  " + f"{'N':>6} {'causal':<6} " + " ".join(f"{n:>11}" for n in names)
-          + "   ws/cudnn  ws/course")  # fmt: skip
+          + "   ws/cudnn  ws/course  ws/plain")  # fmt: skip
     rows, missed = [], []
     for n in SEQS:
         shape = shape_for(n)
@@ -129,11 +135,11 @@ def timings(out_path: str | None) -> None:
             with torch.no_grad():
                 ms = {name: bench.measure(functools.partial(fn, q, k, v, causal), flops=flops)
                       for name, fn in fns.items()}  # fmt: skip
-            ratio = {b: ms["cuda-ws"].tflops / ms[b].tflops for b in ("sdpa-cudnn", "course")
-                     if b in ms}  # fmt: skip
+            ratio = {b: ms["cuda-ws"].tflops / ms[b].tflops
+                     for b in ("sdpa-cudnn", "course", "cuda-ws-plain") if b in ms}  # fmt: skip
             cells = " ".join(f"{ms[name].tflops:>11.1f}" for name in names)
             ratios = "  ".join(f"{ratio[b]:>8.3f}" if b in ratio else f"{'-':>8}"
-                               for b in ("sdpa-cudnn", "course"))  # fmt: skip
+                               for b in ("sdpa-cudnn", "course", "cuda-ws-plain"))  # fmt: skip
             print(f"  {n:>6} {causal!s:<6} {cells}   {ratios}", flush=True)
             if n >= GOAL_MIN_N and ratio.get("sdpa-cudnn", 0.0) < GOAL:
                 missed.append((n, causal, ratio.get("sdpa-cudnn")))
