@@ -115,9 +115,9 @@ def attention(
     if q.numel() == 0:
         return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
     overlap = schedule == "overlap"
-    o, lse = _module().fa_ws(
-        q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), scale, overlap
-    )
+    # TMA needs 16-byte aligned bases: a contiguous view that starts off-alignment is copied.
+    q, k, v = (ladder._aligned(t.contiguous()) for t in (q, k, v))
+    o, lse = _module().fa_ws(q, k, v, bool(causal), scale, overlap)
     return o, lse
 
 
