@@ -62,6 +62,8 @@ def test_compiles_for_sm90a_into_its_instructions(compiled):
         (dict(sm_scale=True), TypeError, "sm_scale must be a number"),
         (dict(q=[1]), TypeError, "q must be a torch.Tensor"),
         (dict(schedule="fast"), ValueError, "schedule must be one of"),
+        (dict(q=torch.zeros(65536, 1, 8, 128, dtype=BF16), k=torch.zeros(65536, 1, 8, 128, dtype=BF16),
+              v=torch.zeros(65536, 1, 8, 128, dtype=BF16)), ValueError, "at most 65,535"),
     ],
 )  # fmt: skip
 def test_bad_input_is_named_before_anything_is_built(kw, err, match):

@@ -81,6 +81,8 @@ def _check(q, k, v, sm_scale) -> float:
         raise ValueError(f"q's head dimension must be {HEAD_DIM}, got {q.shape[-1]}")
     if q.shape[2] % 8:
         raise ValueError(f"q's sequence length must be a multiple of 8, got {q.shape[2]}")
+    if q.shape[0] * q.shape[1] > 65535:  # the grid's y axis: one row of programs per (batch, head)
+        raise ValueError(f"batch * heads must be at most 65,535, got {q.shape[0]} * {q.shape[1]}")
     if not (q.device == k.device == v.device):
         raise ValueError(
             f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
