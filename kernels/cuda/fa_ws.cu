@@ -31,6 +31,8 @@
 // are computed and not stored. Keys past N (the last key tile's tail, or the next head's rows) are
 // masked to -inf before the softmax; Vt's columns past N are zero-filled by TMA.
 
+#include <type_traits>  // std::true_type / std::false_type: the masked tile, chosen at compile time
+
 namespace faws {
 constexpr int BM = 128, BN = 128, D = 128, STAGES = 2, CONSUMERS = 2, NT = 128 * (1 + CONSUMERS);
 constexpr int HALF = 128 * 64 * 2;  // one TMA box: 128 rows x 64 bf16 (128-byte swizzled rows)
@@ -41,6 +43,9 @@ constexpr int SMEM = TILE + STAGES * 2 * TILE + 1024 + (1 + 3 * STAGES) * 8;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 static_assert(SMEM <= 227 * 1024, "shared memory per block");
+// With square tiles only a block's last key tile holds keys past its rows (the diagonal, causal) or
+// past N: the softmax masks that tile alone.
+static_assert(BM == BN, "the masked tile is the last one");
 }  // namespace faws
 
 // d[64] += A(64x16, registers a[4]) @ B(16x128, descriptor b): A from registers, B K-major. The four
@@ -67,6 +72,40 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1)
       : "memory");
+}
+
+// d[64] = A @ B (zero_d) or d[64] += A @ B: wgmma_m64n128k16 of hgemm_common.cuh with scale-d as a
+// run-time predicate, so that the first k16 slice of S = Q K^T overwrites the accumulators instead
+// of 64 register moves zeroing them per key tile.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b, bool zero_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(static_cast<int>(zero_d))
+      : "memory");
+}
+
+// 2^x in one MUFU.EX2: exp2f() without --use_fast_math wraps it in a range check and two multiplies
+// (denormal results), four extra instructions per score; flushing those to zero costs nothing here
+// (P is rounded to bf16, and l sums values near 1).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -102,14 +141,12 @@ struct Consumer {
 // S = Q K^T for one key tile (issued, not waited for): k16 slice kk of d is 32 bytes into box kk / 4.
 __device__ __forceinline__ void issue_qk(float (&sc)[64], const Consumer& me, uint32_t k_tile) {
   using namespace faws;
-#pragma unroll
-  for (int i = 0; i < 64; ++i) sc[i] = 0.f;
   wgmma_fence();
   fence_operands(sc);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_m64n128k16(sc, desc_k128(me.q_rows + (kk / 4) * HALF + (kk % 4) * 32),
-                     desc_k128(k_tile + (kk / 4) * HALF + (kk % 4) * 32));
+    wgmma_m64n128k16_ss(sc, desc_k128(me.q_rows + (kk / 4) * HALF + (kk % 4) * 32),
+                        desc_k128(k_tile + (kk / 4) * HALF + (kk % 4) * 32), kk == 0);
   wgmma_commit();
 }
 
@@ -125,39 +162,43 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[faw
   wgmma_commit();
 }
 
-// Mask and scale key tile j's scores, then the online softmax: sc becomes P = exp2(S - m) (unrounded),
-// m and l are updated, and alpha[h] is what O must be multiplied by before this tile's P V. Fragment
-// element 4 * jj + 2 * h + e is row row[h], key j * BN + 8 * jj + 2 * (lane % 4) + e.
-template <bool CAUSAL>
+// The online softmax of key tile j: sc becomes P = exp2(S * scale - m * scale) (unrounded), m (in
+// units of raw scores) and l are updated, and alpha[h] is what O must be multiplied by before this
+// tile's P V. Fragment element 4 * jj + 2 * h + e is row row[h], key j * BN + 8 * jj + 2 * (lane % 4)
+// + e. Per score that is one FMNMX (the row maximum, on raw scores: the scale is positive), one FFMA
+// (scale and shift), one MUFU.EX2 and one FADD (the row sum). MASK (the tile that holds the diagonal
+// or keys past N: only the last one) first sets the scores a row does not see to -inf.
+template <bool CAUSAL, bool MASK>
 __device__ __forceinline__ void softmax_tile(float (&sc)[64], float (&m)[2], float (&l)[2],
                                              float (&alpha)[2], const Consumer& me, int j) {
   using namespace faws;
+  if (MASK) {
 #pragma unroll
-  for (int jj = 0; jj < BN / 8; ++jj)
+    for (int jj = 0; jj < BN / 8; ++jj)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = j * BN + 8 * jj + 2 * (me.lane % 4) + e;
-        const bool seen = key < me.N && (!CAUSAL || key <= me.row[h]);
-        float& x = sc[4 * jj + 2 * h + e];
-        x = seen ? x * me.qk_scale : -INFINITY;
-      }
+        for (int e = 0; e < 2; ++e) {
+          const int key = j * BN + 8 * jj + 2 * (me.lane % 4) + e;
+          if (key >= me.N || (CAUSAL && key > me.row[h])) sc[4 * jj + 2 * h + e] = -INFINITY;
+        }
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = -INFINITY;
+    float mx = m[h];
 #pragma unroll
     for (int jj = 0; jj < BN / 8; ++jj) mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * h], sc[4 * jj + 2 * h + 1]));
-    const float m_new = fmaxf(m[h], quad_max(mx));
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row that has seen nothing yet
-    alpha[h] = exp2f(m[h] - m_use);
+    const float m_new = quad_max(mx);
+    // A row that has seen nothing yet (m_new = -inf) subtracts 0: its P is 0, not NaN.
+    const float shift = m_new == -INFINITY ? 0.f : m_new * me.qk_scale;
+    alpha[h] = exp2_ftz(m[h] * me.qk_scale - shift);
     float sum = 0.f;
 #pragma unroll
     for (int jj = 0; jj < BN / 8; ++jj)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = sc[4 * jj + 2 * h + e];
-        x = exp2f(x - m_use);
+        x = exp2_ftz(fmaf(x, me.qk_scale, -shift));
         sum += x;
       }
     l[h] = l[h] * alpha[h] + quad_sum(sum);
@@ -252,14 +293,16 @@ __global__ void __launch_bounds__(faws::NT, 1)
     const auto k_tile = [&](int j) { return kv + (j % STAGES) * 2 * TILE; };
     const auto parity = [](int j) { return static_cast<uint32_t>((j / STAGES) & 1); };
 
+    // The last key tile is the only one with scores to mask (MASK: std::true_type), so it is peeled
+    // off each loop: the loops' bodies hold the unmasked softmax alone.
     if (!OVERLAP) {
       // Each tile in turn: S = Q K^T, softmax, O += P V, waiting for each product.
-      for (int j = 0; j < blocks; ++j) {
+      const auto tile = [&](int j, auto mask) {
         mbar_wait(k_full + 8 * (j % STAGES), parity(j));
         issue_qk(sc, me, k_tile(j));
         wgmma_wait<0>();
         fence_operands(sc);
-        softmax_tile<CAUSAL>(sc, m, l, alpha, me, j);
+        softmax_tile<CAUSAL, decltype(mask)::value>(sc, m, l, alpha, me, j);
         rescale(o, alpha);
         pack_p(p, sc);
         mbar_wait(v_full + 8 * (j % STAGES), parity(j));
@@ -267,7 +310,9 @@ __global__ void __launch_bounds__(faws::NT, 1)
         wgmma_wait<0>();
         fence_operands(o);
         if (lane == 0) mbar_arrive(empty + 8 * (j % STAGES));  // this warp is done with the slot
-      }
+      };
+      for (int j = 0; j < blocks - 1; ++j) tile(j, std::false_type{});
+      tile(blocks - 1, std::true_type{});
     } else {
       // FlashAttention-3's schedule. Within a consumer, the softmax of tile j runs while the tensor
       // cores do P V of tile j - 1 (issued just before, with S of tile j). Between the consumers, a
@@ -283,9 +328,10 @@ __global__ void __launch_bounds__(faws::NT, 1)
       named_arrive(other);
       wgmma_wait<0>();
       fence_operands(sc);
-      softmax_tile<CAUSAL>(sc, m, l, alpha, me, 0);
+      if (blocks == 1) softmax_tile<CAUSAL, true>(sc, m, l, alpha, me, 0);
+      else softmax_tile<CAUSAL, false>(sc, m, l, alpha, me, 0);
       pack_p(p, sc);
-      for (int j = 1; j < blocks; ++j) {
+      const auto step = [&](int j, auto mask) {
         named_sync(mine);
         mbar_wait(k_full + 8 * (j % STAGES), parity(j));
         issue_qk(sc, me, k_tile(j));
@@ -295,12 +341,14 @@ __global__ void __launch_bounds__(faws::NT, 1)
         named_arrive(other);
         wgmma_wait<1>();  // S_j is done; P V_{j-1} may still run
         fence_operands(sc);
-        softmax_tile<CAUSAL>(sc, m, l, alpha, me, j);
+        softmax_tile<CAUSAL, decltype(mask)::value>(sc, m, l, alpha, me, j);
         wgmma_wait<0>();  // P V_{j-1} is done: its slot and P's registers are free
         fence_operands(o);
         if (lane == 0) mbar_arrive(empty + 8 * ((j - 1) % STAGES));
         pack_p(p, sc);
-      }
+      };
+      for (int j = 1; j < blocks - 1; ++j) step(j, std::false_type{});
+      if (blocks > 1) step(blocks - 1, std::true_type{});
       const int last = blocks - 1;
       named_sync(mine);
       rescale(o, alpha);
@@ -324,7 +372,7 @@ __global__ void __launch_bounds__(faws::NT, 1)
         *reinterpret_cast<__nv_bfloat162*>(O + base + col) =
             __floats2bfloat162_rn(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
       }
-      if (lane % 4 == 0) lse[static_cast<int64_t>(bh) * N + row[h]] = m[h] + log2f(l[h]);
+      if (lane % 4 == 0) lse[static_cast<int64_t>(bh) * N + row[h]] = m[h] * qk_scale + log2f(l[h]);
     }
   }
 }
