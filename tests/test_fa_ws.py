@@ -39,10 +39,13 @@ def test_compiles_for_sm90a_into_its_instructions(compiled):
         hgmma = re.findall(r"HGMMA\.64x128x16\.F32\.BF16 ([^;]*);", sass)
         from_smem = [h for h in hgmma if re.match(r"R\d+, gdesc", h)]
         from_regs = [h for h in hgmma if re.match(r"R\d+, R\d+, gdesc", h)]
-        # S = Q K^T from shared memory; O += P V with P in registers. The overlapped schedule has
-        # each twice: once in its loop, once in its first and last phases.
-        want = 16 if overlap else 8
+        # S = Q K^T from shared memory; O += P V with P in registers, eight k16 slices each. The
+        # plain schedule has each twice (its loop, and the masked last tile peeled off it); the
+        # overlapped one three times (first or last phase, loop, peeled last step).
+        want = 24 if overlap else 16
         assert len(from_smem) == want and len(from_regs) == want, (name, hgmma)
+        # The first slice of every S overwrites the accumulators (scale-d false: "!UPT").
+        assert sum("!UPT" in h for h in from_smem) == want // 8, (name, hgmma)
         for op in ("UTMALDG", "USETMAXREG.TRY_ALLOC", "USETMAXREG.DEALLOC", "SYNCS.PHASECHK"):
             assert op in sass, op
         assert not re.search(r"\b(LDL|STL)\b", sass)
