@@ -16,10 +16,12 @@
 //    layout of S is, pair by pair, the A-fragment layout of the next MMA (PTX ISA, "register fragment
 //    for matrix A"), so P is only rounded to bf16 and packed, never stored.
 //
-// V is read as Vt[D, N] (keys contiguous): then it is K-major for the P V product, exactly like K is for
-// Q K^T, and the descriptors of hgemm (desc_k128) serve unchanged. The binding transposes V once (a
-// copy of N x D elements per head, small next to the N^2 D work; FlashAttention-3 instead reads V
-// MN-major through the descriptor's transpose bit).
+// V is read as it lies, [N, D] with d contiguous: for O += P V that is B stored N-major (the output
+// dimension d contiguous, not the reduction dimension, the keys), which wgmma takes from shared
+// memory with its transpose bit (imm-trans-b = 1) and a descriptor whose strides say so
+// (desc_mn128). The V tile then arrives exactly like a K tile, two 64-column TMA boxes of 128 key
+// rows, and no copy of V is made (an earlier version transposed V in the binding: 12% of the time
+// at N = 8192, in a copy kernel at 15% of DRAM bandwidth).
 //
 // Two schedules (the template's OVERLAP): "plain" waits for each product in turn, so the tensor cores
 // idle during every softmax; "overlap" is FlashAttention-3's: within a consumer, the softmax of key
@@ -29,7 +31,8 @@
 //
 // Rows of the last query block past N belong to the next head in the flattened [B*H*N, D] view: they
 // are computed and not stored. Keys past N (the last key tile's tail, or the next head's rows) are
-// masked to -inf before the softmax; Vt's columns past N are zero-filled by TMA.
+// masked to -inf before the softmax, so their P is exactly 0 whatever V holds there (another
+// head's rows, or TMA's zero fill past the tensor's end).
 
 #include <type_traits>  // std::true_type / std::false_type: the masked tile, chosen at compile time
 
@@ -37,7 +40,7 @@ namespace faws {
 constexpr int BM = 128, BN = 128, D = 128, STAGES = 2, CONSUMERS = 2, NT = 128 * (1 + CONSUMERS);
 constexpr int HALF = 128 * 64 * 2;  // one TMA box: 128 rows x 64 bf16 (128-byte swizzled rows)
 constexpr int TILE = 2 * HALF;      // a 128 x 128 tile as two boxes side by side: 32 KB
-// Q, then per stage K and Vt; 1 KB of alignment slack; the barriers: Q, then full K, full V and
+// Q, then per stage K and V; 1 KB of alignment slack; the barriers: Q, then full K, full V and
 // empty per stage.
 constexpr int SMEM = TILE + STAGES * 2 * TILE + 1024 + (1 + 3 * STAGES) * 8;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
@@ -48,7 +51,19 @@ static_assert(SMEM <= 227 * 1024, "shared memory per block");
 static_assert(BM == BN, "the masked tile is the last one");
 }  // namespace faws
 
-// d[64] += A(64x16, registers a[4]) @ B(16x128, descriptor b): A from registers, B K-major. The four
+// The descriptor of a 16 x 128 B operand stored N-major with the 128-byte swizzle: 16 rows of keys
+// (k) at 128 bytes each, every row 64 of the 128 columns (n), the other 64 in the box HALF bytes on.
+// PTX ISA, "Matrix Descriptor" for MN-major swizzled layouts: the leading byte offset steps from one
+// 64-column swizzle atom to the next along n (HALF), the stride byte offset from one 8-row group to
+// the next along k (1024 bytes).
+__device__ __forceinline__ uint64_t desc_mn128(uint32_t smem_addr) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>(faws::HALF >> 4) << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
+         (1ull << 62);
+}
+
+// d[64] += A(64x16, registers a[4]) @ B(16x128, descriptor b): A from registers, B N-major
+// (imm-trans-b = 1: see desc_mn128). The four
 // 32-bit registers hold A's bf16 pairs: rows r and r + 8 (r = 16 * warp + lane / 4), columns
 // 2 * (lane % 4) + {0, 1} and 8 + 2 * (lane % 4) + {0, 1}, in the order (r, lo), (r + 8, lo), (r, hi),
 // (r + 8, hi).
@@ -60,7 +75,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
       :
         "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -150,15 +165,16 @@ __device__ __forceinline__ void issue_qk(float (&sc)[64], const Consumer& me, ui
   wgmma_commit();
 }
 
-// O += P V for one key tile (issued, not waited for): P in registers, V^T's k16 slice t in box t / 4.
+// O += P V for one key tile (issued, not waited for): P in registers; the k16 slice t of V is its
+// key rows 16t .. 16t + 15, 2,048 bytes into each box.
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[faws::BN / 16][4],
-                                         uint32_t vt_tile) {
+                                         uint32_t v_tile) {
   using namespace faws;
   wgmma_fence();  // P's registers and the rescaled O were written by ordinary instructions
   fence_operands(o);
 #pragma unroll
   for (int t = 0; t < BN / 16; ++t)
-    wgmma_m64n128k16_rs(o, p[t], desc_k128(vt_tile + (t / 4) * HALF + (t % 4) * 32));
+    wgmma_m64n128k16_rs(o, p[t], desc_mn128(v_tile + t * 16 * 128));
   wgmma_commit();
 }
 
@@ -231,7 +247,7 @@ __device__ __forceinline__ void pack_p(uint32_t (&p)[faws::BN / 16][4], const fl
 template <bool CAUSAL, bool OVERLAP>
 __global__ void __launch_bounds__(faws::NT, 1)
     fa_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                 const __grid_constant__ CUtensorMap map_vt, int N, float qk_scale,
+                 const __grid_constant__ CUtensorMap map_v, int N, float qk_scale,
                  bf16* __restrict__ O, float* __restrict__ lse) {
   using namespace faws;
   extern __shared__ uint8_t smem[];
@@ -267,14 +283,14 @@ __global__ void __launch_bounds__(faws::NT, 1)
         const int s = j % STAGES;
         // The n-th refill of slot s waits for the consumers' release of fill n - 1.
         if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
-        const uint32_t k_tile = kv + s * 2 * TILE, vt_tile = k_tile + TILE;
-        const int k_row = bh * N + j * BN;
+        const uint32_t k_tile = kv + s * 2 * TILE, v_tile = k_tile + TILE;
+        const int k_row = bh * N + j * BN;  // K and V tiles: the same 128 rows, two 64-column boxes
         mbar_arrive_expect_tx(k_full + 8 * s, TILE);
         tma_load_2d(k_tile, &map_k, k_full + 8 * s, 0, k_row);
         tma_load_2d(k_tile + HALF, &map_k, k_full + 8 * s, 64, k_row);
         mbar_arrive_expect_tx(v_full + 8 * s, TILE);
-        tma_load_2d(vt_tile, &map_vt, v_full + 8 * s, j * BN, bh * D);
-        tma_load_2d(vt_tile + HALF, &map_vt, v_full + 8 * s, j * BN + 64, bh * D);
+        tma_load_2d(v_tile, &map_v, v_full + 8 * s, 0, k_row);
+        tma_load_2d(v_tile + HALF, &map_v, v_full + 8 * s, 64, k_row);
       }
     }
   } else {
@@ -377,20 +393,20 @@ __global__ void __launch_bounds__(faws::NT, 1)
   }
 }
 
-// Q, K: [BH * N, 128] row-major; Vt: [BH * 128, N] row-major (N a multiple of 8: TMA's 16-byte row
-// pitch); O: [BH * N, 128]; lse: [BH * N]. nullptr when it launched, else what went wrong.
-const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* Vt, bf16* O, float* lse, int BH,
+// Q, K, V, O: [BH * N, 128] row-major; lse: [BH * N]. nullptr when it launched, else what went
+// wrong.
+const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* V, bf16* O, float* lse, int BH,
                           int N, float qk_scale, bool causal, bool overlap, cudaStream_t s) {
   using namespace faws;
-  CUtensorMap map_q, map_k, map_vt;
+  CUtensorMap map_q, map_k, map_v;
   const char* err;
   if ((err = hgemm_tensor_map(&map_q, Q, BH * N, D, BM))) return err;
   if ((err = hgemm_tensor_map(&map_k, K, BH * N, D, BN))) return err;
-  if ((err = hgemm_tensor_map(&map_vt, Vt, BH * D, N, D))) return err;
+  if ((err = hgemm_tensor_map(&map_v, V, BH * N, D, BN))) return err;
   const dim3 grid(HG_CEIL_DIV(N, BM), BH);
   auto kernel = causal ? (overlap ? fa_ws_kernel<true, true> : fa_ws_kernel<true, false>)
                        : (overlap ? fa_ws_kernel<false, true> : fa_ws_kernel<false, false>);
   if ((err = hgemm_allow_smem(kernel, SMEM))) return err;
-  kernel<<<grid, NT, SMEM, s>>>(map_q, map_k, map_vt, N, qk_scale, O, lse);
+  kernel<<<grid, NT, SMEM, s>>>(map_q, map_k, map_v, N, qk_scale, O, lse);
   return nullptr;
 }

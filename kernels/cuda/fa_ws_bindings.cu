@@ -14,17 +14,14 @@ std::vector<torch::Tensor> fa_ws(torch::Tensor q, torch::Tensor k, torch::Tensor
   TORCH_CHECK(q.dim() == 4 && q.sizes() == k.sizes() && q.sizes() == v.sizes(),
               "q, k and v must be [B, H, N, 128] alike");
   TORCH_CHECK(q.size(3) == faws::D, "head dimension must be 128, got ", q.size(3));
-  TORCH_CHECK(q.size(2) % 8 == 0, "N must be a multiple of 8 (V^T's 16-byte rows), got ", q.size(2));
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "q, k, v must be contiguous");
   const c10::cuda::OptionalCUDAGuard guard(q.device());
   const int BH = q.size(0) * q.size(1), N = q.size(2);
-  // V^T [B, H, 128, N]: keys contiguous, K-major for O += P V (one copy of V).
-  auto vt = v.transpose(2, 3).contiguous();
   auto o = torch::empty_like(q);
   auto lse = torch::empty({q.size(0), q.size(1), N}, q.options().dtype(torch::kFloat32));
   const auto ptr = [](const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); };
   const float qk_scale = static_cast<float>(sm_scale * 1.4426950408889634);  // scores in log2 units
-  const char* err = fa_ws_forward(ptr(q), ptr(k), ptr(vt), reinterpret_cast<bf16*>(o.data_ptr()),
+  const char* err = fa_ws_forward(ptr(q), ptr(k), ptr(v), reinterpret_cast<bf16*>(o.data_ptr()),
                                   lse.data_ptr<float>(), BH, N, qk_scale, causal, overlap,
                                   at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, "fa_ws: ", err ? err : "");
