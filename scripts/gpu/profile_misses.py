@@ -1,4 +1,4 @@
-"""Evidence for the open hypotheses of three pages: Nsight Compute profiles and plain timings.
+"""Evidence for the open hypotheses of four pages: Nsight Compute profiles and plain timings.
 
     bash scripts/gpu/profile_misses.sh [OUTDIR] [moe hgemm mla]  # on a GPU: ncu + timings
     python scripts/gpu/profile_misses.py TOPIC --part profile   # what ncu runs
@@ -24,6 +24,13 @@ Topics, and the hypotheses each settles:
   HGEMM12_CLUSTER_RELEASE=1`` (step 12's earlier cluster-scope release fence, for the A/B;
   ``hgemm_probe.py``'s path: the defines name their own build); DRAM
   bytes and L2 hit rate of steps 9-12 at 8192^3; timings beside cuBLAS in the same run.
+
+- ``fa`` (acts/act4-flash-attention-3-measure.md, issue 19's attention goals). Why the CUDA
+  warp-specialised forward (kernels/cuda/fa_ws.py) trails cuDNN, and why its overlapped schedule
+  trails its plain one: tensor-pipe use, issue slots and stalls of both schedules, of the course's
+  Triton forward and of cuDNN's SDPA at N = 8192, d = 128, causal and not. And where the course's
+  backward (two kernels, dK/dV then dQ, each recomputing P) loses to cuDNN's: the same counters for
+  both backwards. Timings of every case beside.
 
 ``--part profile`` warms every case up first (compiles, autotunes, builds), then runs each once
 between ``cudaProfilerStart`` and ``cudaProfilerStop``, inside an NVTX range ``case:<label>`` that
@@ -643,6 +650,69 @@ def run_hgemm(args) -> None:
         hgemm_check.time_steps(args.steps, [(n, n, n) for n in HGEMM_SIZES])
 
 
+FA_N, FA_BH = 8192, (2, 16)  # 2 x 16 heads x 8,192 tokens, d = 128: the goal's regime
+
+
+def fa_cases(smoke: bool) -> list[Case]:
+    """The forwards (both CUDA schedules, the course's Triton kernel, cuDNN's SDPA) and the
+    backwards (the course's, cuDNN's), causal and not, one call each. A backward case replays the
+    autograd graph of a forward run once beforehand (``retain_graph``), gradients cleared first, so
+    only the backward's kernels run in the profiled region."""
+    from kernels import flash_attention as fa
+    from kernels.cuda import fa_ws
+
+    n = 256 if smoke else FA_N
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(*FA_BH, n, 128, device=dev, dtype=torch.bfloat16, generator=g)
+               for _ in range(3))  # fmt: skip
+    do = torch.randn_like(q)
+    cases: list[Case] = []
+    for causal in (False, True):
+        tag = f"-{n}" + ("-causal" if causal else "")
+        if fa_ws.unavailable_reason() is None:
+            for sched in fa_ws.SCHEDULES:
+                cases.append((f"fwd-cuda-ws-{sched}{tag}",
+                              lambda c=causal, s=sched: fa_ws.attention(q, k, v, c, schedule=s)))  # fmt: skip
+        cases.append((f"fwd-course{tag}", lambda c=causal: fa.attention(q, k, v, c)))
+        if fa.sdpa_available("cudnn"):
+            cases.append((f"fwd-sdpa-cudnn{tag}", lambda c=causal: fa.sdpa(q, k, v, c, "cudnn")))
+        backwards = [("course", lambda qq, kk, vv, c: fa.attention(qq, kk, vv, c))]
+        if fa.sdpa_available("cudnn"):
+            backwards.append(("sdpa-cudnn", lambda qq, kk, vv, c: fa.sdpa(qq, kk, vv, c, "cudnn")))
+        for name, fwd in backwards:
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            out = fwd(*leaves, causal)
+
+            def bwd(out=out, leaves=leaves):
+                for t in leaves:
+                    t.grad = None
+                out.backward(do, retain_graph=True)
+
+            cases.append((f"bwd-{name}{tag}", bwd))
+    return cases
+
+
+def run_fa(args) -> None:
+    """FlashAttention on Hopper (issue 19): the CUDA forward's schedules, the course's backward."""
+    from kernels import flash_attention as fa
+
+    cases = fa_cases(args.smoke)
+    if args.smoke:
+        print(f"would profile: {', '.join(label for label, _ in cases)}")
+        return
+    if args.part in ("profile", "all"):
+        profile_cases(cases)
+    if args.part in ("time", "all"):
+        n, (b, h) = FA_N, FA_BH
+        print(f"\ntimings (bench.measure, median; TFLOP/s from fa.fwd_flops, backward 2.5x that):")
+        for label, fn in cases:
+            causal = label.endswith("causal")
+            flops = fa.fwd_flops(b, h, n, n, 128, causal) * (2.5 if label.startswith("bwd") else 1)
+            m = bench.measure(fn, flops=flops)
+            print(f"  {label:<36s} {m.ms * 1e3:>9.1f} us {m.tflops:>8.1f} TFLOP/s")
+
+
 # ----------------------------------------------------------------------------- ncu helpers
 
 # Extra metrics beyond the sections: DRAM bytes, L2 hit rate, the tensor pipes (Hopper's wgmma
@@ -815,7 +885,7 @@ def summarize(path: Path) -> None:
 
 # ----------------------------------------------------------------------------- main
 
-TOPICS = {"mla": run_mla, "moe": run_moe, "hgemm": run_hgemm}
+TOPICS = {"mla": run_mla, "moe": run_moe, "hgemm": run_hgemm, "fa": run_fa}
 
 
 def main(argv: list[str] | None = None) -> int:

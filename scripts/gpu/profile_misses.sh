@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Nsight Compute evidence for the open hypotheses of three pages (MLA decode, the MoE grouped GEMM,
-# the Hopper GEMM ladder; scripts/gpu/profile_misses.py says which measurement settles what). Per
+# Nsight Compute evidence for the open hypotheses of four pages (MLA decode, the MoE grouped GEMM,
+# the Hopper GEMM ladder, FlashAttention on Hopper; scripts/gpu/profile_misses.py says which
+# measurement settles what). Per
 # topic, the driver runs once under ncu, which profiles only the launches it brackets with
 # cudaProfilerStart/Stop, and once without a profiler for the plain timings. One text file per
 # topic, OUTDIR/<date>-<gpu-slug>-<topic>.txt: the timings, the driver's output under ncu, ncu's
 # details page, and last a per-kernel summary (duration, DRAM % and bytes, L2 hit rate, tensor
 # pipes, registers, occupancy, spills, top stalls).
 #
-#   bash scripts/gpu/profile_misses.sh [OUTDIR] [moe] [hgemm] [mla]    (default: results/profiles, all)
+#   bash scripts/gpu/profile_misses.sh [OUTDIR] [moe] [hgemm] [mla] [fa]  (default: results/profiles; moe hgemm mla)
 #
 # Needs $PYTHON (python3) with a CUDA torch and `kernels` importable, ncu and nvcc on the PATH.
 # Every run has its own timeout, capped by what is left of PROFILE_TOTAL_S (540 s); a run that
@@ -23,7 +24,7 @@ OUTDIR=${1:-results/profiles}
 TOPICS=("$@")
 [[ ${#TOPICS[@]} -gt 0 ]] || TOPICS=(moe hgemm mla)
 for t in "${TOPICS[@]}"; do
-    [[ $t == mla || $t == moe || $t == hgemm ]] || { echo "unknown topic '$t' (mla, moe, hgemm)" >&2; exit 2; }
+    [[ $t == mla || $t == moe || $t == hgemm || $t == fa ]] || { echo "unknown topic '$t' (mla, moe, hgemm, fa)" >&2; exit 2; }
 done
 mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd)
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -41,9 +42,10 @@ declare -A LIMIT=(
     [moe-ncu]=110 [moe-time]=70
     [hgemm-build]=200 [hgemm-ncu]=80 [hgemm-ab-ncu]=50 [hgemm-time]=45 [hgemm-ab-time]=35
     [mla-ncu]=110 [mla-time]=70 [dsa-ncu]=80 [dsa-time]=50
+    [fa-ncu]=150 [fa-time]=60
 )
 # Kernels whose details page is printed (the summary lists every kernel); empty: all.
-declare -A DETAILS=([mla]='regex:_mla_|_indexer|_sparse' [moe]='' [hgemm]='')
+declare -A DETAILS=([mla]='regex:_mla_|_indexer|_sparse' [moe]='' [hgemm]='' [fa]='')
 declare -A RC SEC
 
 WORK=$(mktemp -d)
@@ -239,6 +241,12 @@ topic_mla() {  # MLA first, then DSA's step in processes of its own (it compiles
     run_ncu dsa-ncu mla --part profile --only-dsa
     run_py dsa-time mla --part time --only-dsa
     write_topic mla "mla-time dsa-time" "mla-ncu dsa-ncu"
+}
+
+topic_fa() {
+    run_ncu fa-ncu fa --part profile
+    run_py fa-time fa --part time
+    write_topic fa "fa-time" "fa-ncu"
 }
 
 echo "profile_misses: ${TOPICS[*]} on $GPU_LINE -> $OUTDIR (at most $TOTAL_S s)"

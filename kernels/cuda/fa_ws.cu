@@ -1,0 +1,412 @@
+// FlashAttention forward with warp specialisation, on the machinery of hgemm step 11 (wgmma, TMA into
+// an mbarrier ring, a producer warpgroup that gives its registers to two consumer warpgroups). Built
+// after hgemm_common.cuh, for sm_90a only.
+//
+// O = softmax(Q K^T * scale) V for bf16 Q, K, V of head dimension D = 128, one program per 128 query
+// rows of one (batch, head), fp32 accumulation, bf16 O and the log2-domain log-sum-exp of every row
+// (lse = m + log2(l), scores in units of scale * log2(e): kernels/flash_attention.py's convention, so
+// its backward can take this forward's lse).
+//
+//  - warpgroup 0, the producer: one thread loads the block's Q tile once, then K and V tiles of 128
+//    keys into a 2-slot ring. K and V have a full barrier each, so the scores can start before V lands.
+//  - warpgroups 1 and 2, the consumers: each owns 64 query rows. Per key tile: S = Q K^T with eight
+//    wgmma m64n128k16 (A = Q and B = K from shared memory, both K-major over d); mask, scale, online
+//    softmax in registers (each row lives in the 4 lanes of a quad: two shuffles reduce it); then
+//    O += P V with eight wgmma m64n128k16 whose A operand, P, comes from *registers*: the accumulator
+//    layout of S is, pair by pair, the A-fragment layout of the next MMA (PTX ISA, "register fragment
+//    for matrix A"), so P is only rounded to bf16 and packed, never stored.
+//
+// V is read as it lies, [N, D] with d contiguous: for O += P V that is B stored N-major (the output
+// dimension d contiguous, not the reduction dimension, the keys), which wgmma takes from shared
+// memory with its transpose bit (imm-trans-b = 1) and a descriptor whose strides say so
+// (desc_mn128). The V tile then arrives exactly like a K tile, two 64-column TMA boxes of 128 key
+// rows, and no copy of V is made (an earlier version transposed V in the binding: 12% of the time
+// at N = 8192, in a copy kernel at 15% of DRAM bandwidth).
+//
+// Two schedules (the template's OVERLAP): "plain" waits for each product in turn, so the tensor cores
+// idle during every softmax; "overlap" is FlashAttention-3's: within a consumer, the softmax of key
+// tile j runs while the tensor cores do P V of tile j - 1 (issued together with S of tile j), and the
+// two consumers take turns to issue their products through named barriers (ping-pong), so that one's
+// softmax hides behind the other's MMAs.
+//
+// Rows of the last query block past N belong to the next head in the flattened [B*H*N, D] view: they
+// are computed and not stored. Keys past N (the last key tile's tail, or the next head's rows) are
+// masked to -inf before the softmax, so their P is exactly 0 whatever V holds there (another
+// head's rows, or TMA's zero fill past the tensor's end).
+
+#include <type_traits>  // std::true_type / std::false_type: the masked tile, chosen at compile time
+
+namespace faws {
+constexpr int BM = 128, BN = 128, D = 128, STAGES = 2, CONSUMERS = 2, NT = 128 * (1 + CONSUMERS);
+constexpr int HALF = 128 * 64 * 2;  // one TMA box: 128 rows x 64 bf16 (128-byte swizzled rows)
+constexpr int TILE = 2 * HALF;      // a 128 x 128 tile as two boxes side by side: 32 KB
+// Q, then per stage K and V; 1 KB of alignment slack; the barriers: Q, then full K, full V and
+// empty per stage.
+constexpr int SMEM = TILE + STAGES * 2 * TILE + 1024 + (1 + 3 * STAGES) * 8;
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
+static_assert(SMEM <= 227 * 1024, "shared memory per block");
+// With square tiles only a block's last key tile holds keys past its rows (the diagonal, causal) or
+// past N: the softmax masks that tile alone.
+static_assert(BM == BN, "the masked tile is the last one");
+}  // namespace faws
+
+// The descriptor of a 16 x 128 B operand stored N-major with the 128-byte swizzle: 16 rows of keys
+// (k) at 128 bytes each, every row 64 of the 128 columns (n), the other 64 in the box HALF bytes on.
+// PTX ISA, "Matrix Descriptor" for MN-major swizzled layouts: the leading byte offset steps from one
+// 64-column swizzle atom to the next along n (HALF), the stride byte offset from one 8-row group to
+// the next along k (1024 bytes).
+__device__ __forceinline__ uint64_t desc_mn128(uint32_t smem_addr) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>(faws::HALF >> 4) << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
+         (1ull << 62);
+}
+
+// d[64] += A(64x16, registers a[4]) @ B(16x128, descriptor b): A from registers, B N-major
+// (imm-trans-b = 1: see desc_mn128). The four
+// 32-bit registers hold A's bf16 pairs: rows r and r + 8 (r = 16 * warp + lane / 4), columns
+// 2 * (lane % 4) + {0, 1} and 8 + 2 * (lane % 4) + {0, 1}, in the order (r, lo), (r + 8, lo), (r, hi),
+// (r + 8, hi).
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1)
+      : "memory");
+}
+
+// d[64] = A @ B (zero_d) or d[64] += A @ B: wgmma_m64n128k16 of hgemm_common.cuh with scale-d as a
+// run-time predicate, so that the first k16 slice of S = Q K^T overwrites the accumulators instead
+// of 64 register moves zeroing them per key tile.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b, bool zero_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(static_cast<int>(zero_d))
+      : "memory");
+}
+
+// 2^x in one MUFU.EX2: exp2f() without --use_fast_math wraps it in a range check and two multiplies
+// (denormal results), four extra instructions per score; flushing those to zero costs nothing here
+// (P is rounded to bf16, and l sums values near 1).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The largest / the sum over the 4 lanes of a quad: the 4 threads that hold one row of a fragment.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+// Named barriers 1 and 2 pass the tensor cores between the two consumers (ping-pong): bar.sync waits
+// for 256 arrivals, its own warpgroup's 128 and the other's 128 bar.arrive.
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+
+// One consumer's view of the work: its 64 query rows, the rows this thread holds, the scale.
+struct Consumer {
+  uint32_t q_rows;  // this consumer's 64 rows of Q in box 0 (box 1 is HALF further)
+  int row[2];       // the two rows of every fragment this thread holds
+  int lane, N;
+  float qk_scale;
+};
+
+// S = Q K^T for one key tile (issued, not waited for): k16 slice kk of d is 32 bytes into box kk / 4.
+__device__ __forceinline__ void issue_qk(float (&sc)[64], const Consumer& me, uint32_t k_tile) {
+  using namespace faws;
+  wgmma_fence();
+  fence_operands(sc);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_m64n128k16_ss(sc, desc_k128(me.q_rows + (kk / 4) * HALF + (kk % 4) * 32),
+                        desc_k128(k_tile + (kk / 4) * HALF + (kk % 4) * 32), kk == 0);
+  wgmma_commit();
+}
+
+// O += P V for one key tile (issued, not waited for): P in registers; the k16 slice t of V is its
+// key rows 16t .. 16t + 15, 2,048 bytes into each box.
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[faws::BN / 16][4],
+                                         uint32_t v_tile) {
+  using namespace faws;
+  wgmma_fence();  // P's registers and the rescaled O were written by ordinary instructions
+  fence_operands(o);
+#pragma unroll
+  for (int t = 0; t < BN / 16; ++t)
+    wgmma_m64n128k16_rs(o, p[t], desc_mn128(v_tile + t * 16 * 128));
+  wgmma_commit();
+}
+
+// The online softmax of key tile j: sc becomes P = exp2(S * scale - m * scale) (unrounded), m (in
+// units of raw scores) and l are updated, and alpha[h] is what O must be multiplied by before this
+// tile's P V. Fragment element 4 * jj + 2 * h + e is row row[h], key j * BN + 8 * jj + 2 * (lane % 4)
+// + e. Per score that is one FMNMX (the row maximum, on raw scores: the scale is positive), one FFMA
+// (scale and shift), one MUFU.EX2 and one FADD (the row sum). MASK (the tile that holds the diagonal
+// or keys past N: only the last one) first sets the scores a row does not see to -inf.
+template <bool CAUSAL, bool MASK>
+__device__ __forceinline__ void softmax_tile(float (&sc)[64], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2], const Consumer& me, int j) {
+  using namespace faws;
+  if (MASK) {
+#pragma unroll
+    for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = j * BN + 8 * jj + 2 * (me.lane % 4) + e;
+          if (key >= me.N || (CAUSAL && key > me.row[h])) sc[4 * jj + 2 * h + e] = -INFINITY;
+        }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = m[h];
+#pragma unroll
+    for (int jj = 0; jj < BN / 8; ++jj) mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * h], sc[4 * jj + 2 * h + 1]));
+    const float m_new = quad_max(mx);
+    // A row that has seen nothing yet (m_new = -inf) subtracts 0: its P is 0, not NaN.
+    const float shift = m_new == -INFINITY ? 0.f : m_new * me.qk_scale;
+    alpha[h] = exp2_ftz(m[h] * me.qk_scale - shift);
+    float sum = 0.f;
+#pragma unroll
+    for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = sc[4 * jj + 2 * h + e];
+        x = exp2_ftz(fmaf(x, me.qk_scale, -shift));
+        sum += x;
+      }
+    l[h] = l[h] * alpha[h] + quad_sum(sum);
+    m[h] = m_new;
+  }
+}
+
+__device__ __forceinline__ void rescale(float (&o)[64], const float (&alpha)[2]) {
+#pragma unroll
+  for (int jj = 0; jj < faws::D / 8; ++jj)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      o[4 * jj + 2 * h] *= alpha[h];
+      o[4 * jj + 2 * h + 1] *= alpha[h];
+    }
+}
+
+// P as the A operand of O += P V: k16 slice t of the keys is fragment blocks 2t and 2t + 1, rows r and
+// r + 8, columns 16t + 2 (lane % 4) + {0, 1} and 8 more.
+__device__ __forceinline__ void pack_p(uint32_t (&p)[faws::BN / 16][4], const float (&sc)[64]) {
+#pragma unroll
+  for (int t = 0; t < faws::BN / 16; ++t) {
+    p[t][0] = pack_bf16(sc[8 * t + 0], sc[8 * t + 1]);  // row r, columns 16t + 2(lane%4) + {0,1}
+    p[t][1] = pack_bf16(sc[8 * t + 2], sc[8 * t + 3]);  // row r + 8
+    p[t][2] = pack_bf16(sc[8 * t + 4], sc[8 * t + 5]);  // row r, columns 16t + 8 + ...
+    p[t][3] = pack_bf16(sc[8 * t + 6], sc[8 * t + 7]);  // row r + 8
+  }
+}
+
+template <bool CAUSAL, bool OVERLAP>
+__global__ void __launch_bounds__(faws::NT, 1)
+    fa_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                 const __grid_constant__ CUtensorMap map_v, int N, float qk_scale,
+                 bf16* __restrict__ O, float* __restrict__ lse) {
+  using namespace faws;
+  extern __shared__ uint8_t smem[];
+  const uint32_t q_tile = smem_base_1024(smem), kv = q_tile + TILE;
+  const uint32_t q_full = kv + STAGES * 2 * TILE, k_full = q_full + 8, v_full = k_full + STAGES * 8,
+                 empty = v_full + STAGES * 8;
+  const int m0 = blockIdx.x * BM, bh = blockIdx.y;
+  const int n_keys = CAUSAL ? min(N, m0 + BM) : N;  // keys any row of this block can see
+  const int blocks = HG_CEIL_DIV(n_keys, BN);
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(k_full + 8 * s, 1);
+      mbar_init(v_full + 8 * s, 1);
+      mbar_init(empty + 8 * s, CONSUMERS * 4);  // lane 0 of every consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+    if (threadIdx.x == 0) {
+      const int q_row = bh * N + m0;
+      mbar_arrive_expect_tx(q_full, TILE);
+      tma_load_2d(q_tile, &map_q, q_full, 0, q_row);
+      tma_load_2d(q_tile + HALF, &map_q, q_full, 64, q_row);
+      for (int j = 0; j < blocks; ++j) {
+        const int s = j % STAGES;
+        // The n-th refill of slot s waits for the consumers' release of fill n - 1.
+        if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
+        const uint32_t k_tile = kv + s * 2 * TILE, v_tile = k_tile + TILE;
+        const int k_row = bh * N + j * BN;  // K and V tiles: the same 128 rows, two 64-column boxes
+        mbar_arrive_expect_tx(k_full + 8 * s, TILE);
+        tma_load_2d(k_tile, &map_k, k_full + 8 * s, 0, k_row);
+        tma_load_2d(k_tile + HALF, &map_k, k_full + 8 * s, 64, k_row);
+        mbar_arrive_expect_tx(v_full + 8 * s, TILE);
+        tma_load_2d(v_tile, &map_v, v_full + 8 * s, 0, k_row);
+        tma_load_2d(v_tile + HALF, &map_v, v_full + 8 * s, 64, k_row);
+      }
+    }
+  } else {
+    // ---- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    const int c = wg - 1;  // query rows 64c .. 64c + 63 of the block
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int r0 = m0 + 64 * c + 16 * warp + lane / 4;
+    const Consumer me{q_tile + c * 64 * 128, {r0, r0 + 8}, lane, N, qk_scale};
+    const int* row = me.row;
+    float o[64], sc[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+    uint32_t p[BN / 16][4];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    mbar_wait(q_full, 0);
+    const auto k_tile = [&](int j) { return kv + (j % STAGES) * 2 * TILE; };
+    const auto parity = [](int j) { return static_cast<uint32_t>((j / STAGES) & 1); };
+
+    // The last key tile is the only one with scores to mask (MASK: std::true_type), so it is peeled
+    // off each loop: the loops' bodies hold the unmasked softmax alone.
+    if (!OVERLAP) {
+      // Each tile in turn: S = Q K^T, softmax, O += P V, waiting for each product.
+      const auto tile = [&](int j, auto mask) {
+        mbar_wait(k_full + 8 * (j % STAGES), parity(j));
+        issue_qk(sc, me, k_tile(j));
+        wgmma_wait<0>();
+        fence_operands(sc);
+        softmax_tile<CAUSAL, decltype(mask)::value>(sc, m, l, alpha, me, j);
+        rescale(o, alpha);
+        pack_p(p, sc);
+        mbar_wait(v_full + 8 * (j % STAGES), parity(j));
+        issue_pv(o, p, k_tile(j) + TILE);
+        wgmma_wait<0>();
+        fence_operands(o);
+        if (lane == 0) mbar_arrive(empty + 8 * (j % STAGES));  // this warp is done with the slot
+      };
+      for (int j = 0; j < blocks - 1; ++j) tile(j, std::false_type{});
+      tile(blocks - 1, std::true_type{});
+    } else {
+      // FlashAttention-3's schedule. Within a consumer, the softmax of tile j runs while the tensor
+      // cores do P V of tile j - 1 (issued just before, with S of tile j). Between the consumers, a
+      // named barrier passes the turn to issue products back and forth (ping-pong), so that one's
+      // softmax overlaps the other's products. Phases per consumer: S_0, then blocks - 1 times
+      // (S_j with P V_{j-1}), then P V of the last tile. Consumer 1 hands consumer 0 the first turn
+      // and skips its last hand-over, so every bar.sync meets exactly one bar.arrive.
+      const int mine = 1 + c, other = 2 - c;
+      if (c == 1) named_arrive(1);
+      named_sync(mine);
+      mbar_wait(k_full, parity(0));
+      issue_qk(sc, me, k_tile(0));
+      named_arrive(other);
+      wgmma_wait<0>();
+      fence_operands(sc);
+      if (blocks == 1) softmax_tile<CAUSAL, true>(sc, m, l, alpha, me, 0);
+      else softmax_tile<CAUSAL, false>(sc, m, l, alpha, me, 0);
+      pack_p(p, sc);
+      const auto step = [&](int j, auto mask) {
+        named_sync(mine);
+        mbar_wait(k_full + 8 * (j % STAGES), parity(j));
+        issue_qk(sc, me, k_tile(j));
+        rescale(o, alpha);  // O so far, to the maximum of tile j - 1, before its P V
+        mbar_wait(v_full + 8 * ((j - 1) % STAGES), parity(j - 1));
+        issue_pv(o, p, k_tile(j - 1) + TILE);
+        named_arrive(other);
+        wgmma_wait<1>();  // S_j is done; P V_{j-1} may still run
+        fence_operands(sc);
+        softmax_tile<CAUSAL, decltype(mask)::value>(sc, m, l, alpha, me, j);
+        wgmma_wait<0>();  // P V_{j-1} is done: its slot and P's registers are free
+        fence_operands(o);
+        if (lane == 0) mbar_arrive(empty + 8 * ((j - 1) % STAGES));
+        pack_p(p, sc);
+      };
+      for (int j = 1; j < blocks - 1; ++j) step(j, std::false_type{});
+      if (blocks > 1) step(blocks - 1, std::true_type{});
+      const int last = blocks - 1;
+      named_sync(mine);
+      rescale(o, alpha);
+      mbar_wait(v_full + 8 * (last % STAGES), parity(last));
+      issue_pv(o, p, k_tile(last) + TILE);
+      if (c == 0) named_arrive(other);
+      wgmma_wait<0>();
+      fence_operands(o);
+      if (lane == 0) mbar_arrive(empty + 8 * (last % STAGES));
+    }
+
+    // Epilogue: O / l, rows past N not stored; lse by the first lane of each quad.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (row[h] >= N) continue;
+      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      const int64_t base = (static_cast<int64_t>(bh) * N + row[h]) * D;
+#pragma unroll
+      for (int jj = 0; jj < D / 8; ++jj) {
+        const int col = 8 * jj + 2 * (lane % 4);
+        *reinterpret_cast<__nv_bfloat162*>(O + base + col) =
+            __floats2bfloat162_rn(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+      }
+      if (lane % 4 == 0) lse[static_cast<int64_t>(bh) * N + row[h]] = m[h] * qk_scale + log2f(l[h]);
+    }
+  }
+}
+
+// Q, K, V, O: [BH * N, 128] row-major; lse: [BH * N]. nullptr when it launched, else what went
+// wrong.
+const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* V, bf16* O, float* lse, int BH,
+                          int N, float qk_scale, bool causal, bool overlap, cudaStream_t s) {
+  using namespace faws;
+  CUtensorMap map_q, map_k, map_v;
+  const char* err;
+  if ((err = hgemm_tensor_map(&map_q, Q, BH * N, D, BM))) return err;
+  if ((err = hgemm_tensor_map(&map_k, K, BH * N, D, BN))) return err;
+  if ((err = hgemm_tensor_map(&map_v, V, BH * N, D, BN))) return err;
+  const dim3 grid(HG_CEIL_DIV(N, BM), BH);
+  auto kernel = causal ? (overlap ? fa_ws_kernel<true, true> : fa_ws_kernel<true, false>)
+                       : (overlap ? fa_ws_kernel<false, true> : fa_ws_kernel<false, false>);
+  if ((err = hgemm_allow_smem(kernel, SMEM))) return err;
+  kernel<<<grid, NT, SMEM, s>>>(map_q, map_k, map_v, N, qk_scale, O, lse);
+  return nullptr;
+}

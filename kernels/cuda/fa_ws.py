@@ -1,0 +1,167 @@
+"""FlashAttention forward with warp specialisation, in CUDA C++ on the Hopper ladder's machinery.
+
+``attention(q, k, v, causal=False, sm_scale=None)`` -> ``(o, lse)`` for bf16 ``[B, H, N, 128]``
+tensors: ``o = softmax(q kᵀ · sm_scale) v`` in bf16 and the log-sum-exp of every row in
+``kernels.flash_attention``'s log2 convention (fp32 ``[B, H, N]``). ``fa_ws.cu`` says how it works:
+a producer warpgroup streams K and V tiles with TMA into a two-slot mbarrier ring, and two consumer
+warpgroups each run 64 query rows through ``wgmma`` (S = Q Kᵀ from shared memory, O += P V with P
+from registers) and the online softmax between them. Two schedules (``SCHEDULES``): "plain", the
+default, and FlashAttention-3's "overlap", which measured 1-8% slower on an H100 (page 4.x
+FlashAttention, measure, says by how much and why).
+
+Why CUDA and not Triton: Triton 3.6's automatic warp specialisation of this kernel computes the
+causal case wrongly, and splitting the query tile by hand makes each consumer partition do both
+halves (``kernels/flash_attention_ws.py`` keeps that experiment). The CUDA kernel is built from
+pieces the Hopper ladder's steps 9-11 already tested: descriptors, TMA boxes, the mbarrier ring and
+``setmaxnreg``.
+
+Needs an sm_90 GPU (wgmma, TMA, setmaxnreg exist on ``sm_90a`` only) and nvcc; any ``N`` (Q, K and
+V are read as they lie, rows of 128 values). ``compile_check``
+builds the kernels for sm_90a with nvcc and no GPU: the tests check their instructions with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import kernels.cuda as ladder
+from kernels.cuda import hgemm_check
+
+HEAD_DIM = 128
+# "plain" (the default: the faster on an H100): each consumer waits for each of its products in
+# turn, and the two consumers run unsynchronised, so one's softmax can overlap the other's products;
+# "overlap": FlashAttention-3's schedule (the softmax of one key tile runs while the tensor cores do
+# the previous tile's P V, and named barriers make the two consumers take turns to issue products).
+SCHEDULES = ("plain", "overlap")
+SOURCES = ["hgemm_common.cuh", "fa_ws.cu"]
+SIGNATURE = (
+    "std::vector<torch::Tensor> fa_ws(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
+    "bool causal, double sm_scale, bool overlap);"
+)
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel cannot run here, or None: what the Hopper ladder needs (kernels.cuda)."""
+    return ladder.hgemm_unavailable_reason()
+
+
+@functools.cache
+def _module():
+    return ladder._load(
+        unavailable_reason(),
+        "gpu_brrr_fa_ws",
+        [*SOURCES, "fa_ws_bindings.cu"],
+        "fa_ws",
+        SIGNATURE,
+        lambda: ladder.HGEMM_ARCH_FLAGS,
+    )
+
+
+def _check(q, k, v, sm_scale) -> float:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name} must have dtype bfloat16, got {t.dtype}")
+        if t.ndim != 4:
+            raise ValueError(
+                f"{name} must be 4-D [B, H, N, {HEAD_DIM}], got shape {tuple(t.shape)}"
+            )
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(
+            f"q, k and v must have one shape (self-attention), got {tuple(q.shape)}, "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if q.shape[-1] != HEAD_DIM:
+        raise ValueError(f"q's head dimension must be {HEAD_DIM}, got {q.shape[-1]}")
+    if q.shape[0] * q.shape[1] > 65535:  # the grid's y axis: one row of programs per (batch, head)
+        raise ValueError(f"batch * heads must be at most 65,535, got {q.shape[0]} * {q.shape[1]}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
+        )
+    if sm_scale is None:
+        return 1.0 / math.sqrt(HEAD_DIM)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale must be a number, got {type(sm_scale).__name__}")
+    if not (math.isfinite(sm_scale) and sm_scale > 0):
+        raise ValueError(f"sm_scale must be positive and finite, got {sm_scale!r}")
+    return float(sm_scale)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    schedule: str = "plain",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, lse)`` of attention over bf16 ``[B, H, N, 128]`` q, k, v (see the module docstring);
+    ``schedule`` is one of ``SCHEDULES``."""
+    scale = _check(q, k, v, sm_scale)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    reason = unavailable_reason()
+    if reason:
+        raise RuntimeError(reason)
+    if q.device.type != "cuda":
+        raise ValueError(f"q, k and v must be on the GPU, got {q.device}")
+    if q.numel() == 0:
+        return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+    overlap = schedule == "overlap"
+    # TMA needs 16-byte aligned bases: a contiguous view that starts off-alignment is copied.
+    q, k, v = (ladder._aligned(t.contiguous()) for t in (q, k, v))
+    o, lse = _module().fa_ws(q, k, v, bool(causal), scale, overlap)
+    return o, lse
+
+
+def attention_ref(q, k, v, causal=False, sm_scale=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 reference: ``(o, lse)`` in the same conventions (lse in log2 units)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    s = q.float() @ k.float().transpose(-1, -2) * scale
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(
+            torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf")
+        )
+    lse = torch.logsumexp(s, -1)
+    return torch.softmax(s, -1) @ v.float(), lse / math.log(2)
+
+
+@dataclass
+class Compiled:
+    returncode: int
+    log: str
+    sass: str  # '' without a cuobjdump
+    ptxas: dict
+
+
+def compile_check(workdir: str | Path | None = None) -> Compiled:
+    """Build ``hgemm_common.cuh`` + ``fa_ws.cu`` for sm_90a with ``-Xptxas -v`` (nvcc, no GPU) and
+    disassemble it: the registers, spills and instructions the tests look at."""
+    nvcc = hgemm_check.find_tool("nvcc")
+    if nvcc is None:
+        raise RuntimeError(hgemm_check.compile_unavailable_reason())
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="gpubrrr-faws-") as tmp:
+            return compile_check(tmp)
+    src, obj = Path(workdir) / "fa_ws_all.cu", Path(workdir) / "fa_ws_all.o"
+    src.write_text(ladder._read(SOURCES))
+    proc = subprocess.run(
+        [nvcc, "-std=c++17", "-O3", *ladder.HGEMM_ARCH_FLAGS, "-Xptxas", "-v"]
+        + ["-c", str(src), "-o", str(obj)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    log = proc.stderr + proc.stdout
+    sass = hgemm_check.disassemble(obj) if proc.returncode == 0 else ""
+    return Compiled(proc.returncode, log, sass, hgemm_check.parse_ptxas(log))
