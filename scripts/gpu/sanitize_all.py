@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kernels import device  # noqa: E402
+from kernels.numerics import rel_error  # noqa: E402
 
 DEV = device.DEVICE
 BF16 = device.preferred_dtype(torch.bfloat16) if device.GPU_MODE else torch.float16
@@ -245,8 +246,11 @@ def moe_fwd_bwd():
         dy = rnd(T, D, dtype=BF16)
         out.backward(dy)
         ref.backward(dy.float())
-        for a, b in zip(ins, refs):
-            close(a.grad, b.grad, 5e-2)
+        # Norm-wise: a gradient summed over tokens in bf16 can cancel to a small element whose
+        # error is large next to it (one router-weight element of 2,400 once missed 5e-2 by 0.02).
+        for name, a, b in zip(("x", "router", "gate", "up", "down"), ins, refs):
+            err = rel_error(a.grad, b.grad)
+            assert err < 2e-2, f"d{name}: relative error {err:.2e}"
 
 
 STEPS = [vector_add, softmax_fwd_bwd, norms_fwd_bwd, matmul, attention_fwd_bwd, paged_decode, mla_dsa,
@@ -286,6 +290,7 @@ def main() -> int:
             print(f"skip  {step.__name__} (SANITIZE_SKIP)")
             continue
         t0 = time.perf_counter()
+        torch.manual_seed(0)  # the same inputs on every run: a failure can be replayed
         try:
             step()
             torch.cuda.synchronize() if device.GPU_MODE else None
