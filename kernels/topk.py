@@ -298,7 +298,13 @@ COMPILE_SPECS = (
                 "k": "i32",
                 "n_chunks": "i32",
             },
-            constexprs={"ALL": every, "HAS_POS": True, "RADIX": RADIX, "CHUNK": CHUNK, "BLOCK_C": 128},
+            constexprs={
+                "ALL": every,
+                "HAS_POS": True,
+                "RADIX": RADIX,
+                "CHUNK": CHUNK,
+                "BLOCK_C": 128,
+            },
         )
         for every in (False, True)
     ]

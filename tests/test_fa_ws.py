@@ -101,11 +101,22 @@ def test_reference_is_softmax_attention_in_log2_units():
 @pytest.mark.parametrize("schedule", fa_ws.SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
-    "b, h, n", [(1, 1, 128), (2, 3, 264), (1, 2, 1000), (1, 1, 8), (1, 2, 2048), (1, 1, 1), (2, 2, 77), (1, 1, 1001)]
+    "b, h, n",
+    [
+        (1, 1, 128),
+        (2, 3, 264),
+        (1, 2, 1000),
+        (1, 1, 8),
+        (1, 2, 2048),
+        (1, 1, 1),
+        (2, 2, 77),
+        (1, 1, 1001),
+    ],
 )
 def test_matches_fp32_reference(b, h, n, causal, schedule):
-    # Sequence lengths that end mid-tile (264, 1000, 8, and 1, 77, 1001: no multiple of 8 needed), heads whose tiles border each other in the
-    # flattened [B*H*N, 128] view (keys past N are the next head's rows: masked), a long one.
+    # Sequence lengths that end mid-tile (264, 1000, 8; 1, 77 and 1001: no multiple of 8 needed),
+    # heads whose tiles border each other in the flattened [B*H*N, 128] view (keys past N are the
+    # next head's rows: masked), a long one.
     g = torch.Generator(device=device.DEVICE).manual_seed(n + h)
     q, k, v = (torch.randn(b, h, n, 128, generator=g, device=device.DEVICE, dtype=BF16)
                for _ in range(3))  # fmt: skip

@@ -705,7 +705,7 @@ def run_fa(args) -> None:
         profile_cases(cases)
     if args.part in ("time", "all"):
         n, (b, h) = FA_N, FA_BH
-        print(f"\ntimings (bench.measure, median; TFLOP/s from fa.fwd_flops, backward 2.5x that):")
+        print("\ntimings (bench.measure, median; TFLOP/s from fa.fwd_flops, backward 2.5x that):")
         for label, fn in cases:
             causal = label.endswith("causal")
             flops = fa.fwd_flops(b, h, n, n, 128, causal) * (2.5 if label.startswith("bwd") else 1)
