@@ -138,3 +138,21 @@ def test_compile_reason_and_bad_step(monkeypatch):
     monkeypatch.setattr(check, "find_tool", lambda name: "/bin/true")
     with pytest.raises(ValueError, match="step"):
         check.compile_step(8, "/nonexistent")
+
+
+def test_loop_mixes_counts_the_bodies_of_mma_loops():
+    # A synthetic SASS listing: a loop with an HGMMA (0x10-0x40), one without (0x50-0x60), and a
+    # forward branch; only the first is counted, opcodes without their modifiers.
+    sass = "\n".join(
+        [
+            "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
+            "        /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;",
+            "        /*0020*/                   MUFU.EX2 R3, R3 ;",
+            "        /*0030*/              @!P0 FFMA R4, R3, R5, R6 ;",
+            "        /*0040*/               @P1 BRA 0x10 ;",
+            "        /*0050*/                   FADD R1, R1, R2 ;",
+            "        /*0060*/                   BRA 0x50 ;",
+            "        /*0070*/                   BRA 0x90 ;",
+        ]
+    )
+    assert check.loop_mixes(sass) == [{"HGMMA": 1, "MUFU": 1, "FFMA": 1, "BRA": 1}]

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +148,27 @@ def sass_by_kernel(sass: str) -> dict[str, str]:
         short = re.sub(r"^_Z\d+", "", name).split("14CUtensorMap")[0].split("iii")[0]
         out[short] = block
     return out
+
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def loop_mixes(sass: str) -> list[dict[str, int]]:
+    """The instruction mix of every loop of one kernel's SASS that issues tensor-core MMAs: for
+    each backward branch whose body holds an HGMMA, the count of each opcode (without its
+    modifiers) from the branch target to the branch, in address order. A body's total is the
+    instructions one thread issues per trip (the loop body of a FlashAttention kernel: per key
+    tile)."""
+    ins = [(int(a, 16), op.split(".")[0], args) for a, op, args in _SASS_LINE.findall(sass)]
+    index = {addr: i for i, (addr, _, _) in enumerate(ins)}
+    mixes = []
+    for i, (addr, op, args) in enumerate(ins):
+        target = re.search(r"0x([0-9a-f]+)", args) if op == "BRA" else None
+        if target and int(target.group(1), 16) < addr and int(target.group(1), 16) in index:
+            body = [o for _, o, _ in ins[index[int(target.group(1), 16)] : i + 1]]
+            if "HGMMA" in body:
+                mixes.append(dict(sorted(Counter(body).items(), key=lambda kv: -kv[1])))
+    return mixes
 
 
 def disassemble(binary: str | Path) -> str:
