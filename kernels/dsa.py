@@ -433,10 +433,10 @@ def topk_indices(
     ``int32 [B, T, k]`` (in ascending id order), ``-1`` wherever the query sees fewer than ``k``
     tokens (ids past ``positions[b, t]``, or with ``positions=None`` ids whose score is -inf).
 
-    A radix select in five launches (``kernels.topk``): three histogram passes find the k-th
-    largest score of each row, and one program per row writes the ids above it. It reads the
-    ``n_ctx`` scores four times (4 bytes per token each, against the indexer's d_I-byte key and
-    MLA's 1,152 bytes). ``torch.topk`` did the same work in about twenty launches per call, and on
+    A radix select in seven launches (``kernels.topk``): four 8-bit histogram passes find the k-th
+    largest score of each row, then a count pass and a write pass pack the ids above it, chunk by
+    chunk. It reads the ``n_ctx`` scores six times (4 bytes per token each, against the indexer's
+    d_I-byte key and MLA's 1,152 bytes). ``torch.topk`` did the same work in about twenty launches per call, and on
     an H100 (Lab 6c, batch 8, k = 2048) took 87 us at 64K tokens and 100 us at 128K, more than the
     indexer."""
     _validate.tensor("scores", scores, dtypes=(torch.float32,), ndim=3)

@@ -18,7 +18,6 @@ right.
 
 import argparse
 import functools
-import json
 import os
 import subprocess
 import sys
@@ -27,31 +26,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from kernels import bench, device  # noqa: E402
+from fa_forward_timing import SEQS, D, forward_timings, inputs, sdpa_impls, shape_for  # noqa: E402
+
+from kernels import device  # noqa: E402
 from kernels import flash_attention as fa  # noqa: E402
 from kernels.cuda import fa_ws, hgemm_check  # noqa: E402
 from kernels.numerics import rel_error as rel_err  # noqa: E402
 
-DTYPE = torch.bfloat16
-HEADS, D = 16, 128
-SEQS = [1024, 2048, 4096, 8192, 16384]
 CHECK_SEQS = [77, 264, 1001, 4104] + SEQS  # lengths that end mid-tile (N = 1: tests/test_fa_ws.py)
-GOAL, GOAL_MIN_N = 0.9, 4096
 TOL = 3e-2  # relative error: bf16 output and bf16 P before P V
 LSE_TOL = 2e-2
 SMALL = "SMALL_CASE"  # argv[1] of the child that compute-sanitizer runs
-
-
-def shape_for(n: int) -> tuple[int, int, int, int]:
-    """16k tokens per batch, as the flash_attention benchmark uses."""
-    return (max(1, 16384 // n), HEADS, n, D)
-
-
-def inputs(shape, seed=0):
-    g = torch.Generator(device=device.DEVICE).manual_seed(seed)
-    return tuple(
-        torch.randn(shape, device=device.DEVICE, dtype=DTYPE, generator=g) for _ in range(3)
-    )
 
 
 def correctness() -> None:
@@ -109,58 +94,24 @@ def sanitize() -> None:
 
 
 def impls() -> dict:
-    out = {
+    return {
         "cuda-ws-plain": functools.partial(fa_ws.attention, schedule="plain"),
         "cuda-ws-overlap": functools.partial(fa_ws.attention, schedule="overlap"),
         "course": fa.attention,
+        **sdpa_impls(),
     }
-    for b in ("cudnn", "flash"):
-        if fa.sdpa_available(b, DTYPE, D):
-            out[f"sdpa-{b}"] = functools.partial(fa.sdpa, backend=b)
-    return out
 
 
 def timings(out_path: str | None) -> None:
-    print("\n== forward timings (bf16, d=128, 16 heads, 16k tokens; TFLOP/s from fwd_flops) ==")
-    fns = impls()
-    names = list(fns)
-    print("  " + f"{'N':>6} {'causal':<6} " + " ".join(f"{n:>11}" for n in names)
-          + "   ws/cudnn  ws/course  overlap/plain")  # fmt: skip
-    rows, missed = [], []
-    for n in SEQS:
-        shape = shape_for(n)
-        q, k, v = inputs(shape, seed=n)
-        for causal in (False, True):
-            flops = fa.fwd_flops(*shape[:3], n, D, causal)
-            with torch.no_grad():
-                ms = {name: bench.measure(functools.partial(fn, q, k, v, causal), flops=flops)
-                      for name, fn in fns.items()}  # fmt: skip
-            # "ws": the default schedule (plain), against cuDNN and the course; then the two schedules.
-            ratio = {b: ms["cuda-ws-plain"].tflops / ms[b].tflops
-                     for b in ("sdpa-cudnn", "course") if b in ms}  # fmt: skip
-            ratio["overlap"] = ms["cuda-ws-overlap"].tflops / ms["cuda-ws-plain"].tflops
-            cells = " ".join(f"{ms[name].tflops:>11.1f}" for name in names)
-            ratios = "  ".join(f"{ratio[b]:>8.3f}" if b in ratio else f"{'-':>8}"
-                               for b in ("sdpa-cudnn", "course", "overlap"))  # fmt: skip
-            print(f"  {n:>6} {causal!s:<6} {cells}   {ratios}", flush=True)
-            if n >= GOAL_MIN_N and ratio.get("sdpa-cudnn", 0.0) < GOAL:
-                missed.append((n, causal, ratio.get("sdpa-cudnn")))
-            tag = "-fwd" + ("-causal" if causal else "")
-            base = ("sdpa-cudnn", ms["sdpa-cudnn"]) if "sdpa-cudnn" in ms else None
-            for name, m in ms.items():
-                rows.append(bench.record("flash_attention_cuda_ws", name + tag, shape, DTYPE, m,
-                                         baseline=base if name.startswith("cuda-ws") else None))  # fmt: skip
-    print(f"\n  goal (issue 19): >= {GOAL}x cuDNN SDPA forward at N >= {GOAL_MIN_N}, d = {D}")
-    if "sdpa-cudnn" not in fns:
-        print("  cuDNN SDPA does not run here: goal not checked")
-    elif missed:
-        print("  MISSED at " + ", ".join(f"N={n} causal={c} ({r:.3f}x)" for n, c, r in missed))
-    else:
-        print(f"  MET at every N >= {GOAL_MIN_N}, causal and not")
-    if out_path:
-        with open(out_path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        print(f"  {len(rows)} records written to {out_path}")
+    # "ws" is the default schedule (plain): against cuDNN (the goal) and the course; then the two
+    # schedules against each other.
+    ratios = [
+        ("ws/cudnn", "cuda-ws-plain", "sdpa-cudnn"),
+        ("ws/course", "cuda-ws-plain", "course"),
+        ("overlap/plain", "cuda-ws-overlap", "cuda-ws-plain"),
+    ]
+    forward_timings(impls(), ratios, "flash_attention_cuda_ws",
+                    lambda name: name.startswith("cuda-ws"), out_path)  # fmt: skip
 
 
 def main() -> None:

@@ -18,7 +18,6 @@ faster.
 
 import argparse
 import functools
-import json
 import os
 import sys
 from pathlib import Path
@@ -26,31 +25,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from kernels import bench, device  # noqa: E402
+from fa_forward_timing import SEQS, forward_timings, inputs, sdpa_impls, shape_for  # noqa: E402
+
+from kernels import device  # noqa: E402
 from kernels import flash_attention as fa  # noqa: E402
 from kernels import flash_attention_ws as ws  # noqa: E402
 from kernels.numerics import rel_error as rel_err  # noqa: E402
 
-DTYPE = torch.bfloat16
-HEADS, D = 16, 128
-SEQS = [1024, 2048, 4096, 8192, 16384]
 CHECK_SEQS = [1000, 4097] + SEQS  # two lengths that are not multiples of any tile
-GOAL, GOAL_MIN_N = 0.9, 4096
 TOL = 3e-2  # bf16 output and bf16 P before P·V, as in tests/test_flash_attention.py
 COURSE_TOL = 1e-2  # relative error against the course's forward on the same inputs
 LSE_TOL = 2e-2  # largest |lse - course's lse| that counts as right
-
-
-def shape_for(n: int) -> tuple[int, int, int, int]:
-    """16k tokens per batch, as the flash_attention benchmark uses."""
-    return (max(1, 16384 // n), HEADS, n, D)
-
-
-def inputs(shape, seed=0):
-    g = torch.Generator(device=device.DEVICE).manual_seed(seed)
-    return tuple(
-        torch.randn(shape, device=device.DEVICE, dtype=DTYPE, generator=g) for _ in range(3)
-    )
 
 
 def evidence() -> None:
@@ -100,57 +85,19 @@ def lse_diagnosis(lse: torch.Tensor, lse_fa: torch.Tensor) -> None:
 
 
 def impls() -> dict:
-    out = {
+    return {
         "ws": ws.attention_ws,
         "ws-off": functools.partial(ws.attention_ws, warp_specialize=False),
         "course": fa.attention,
+        **sdpa_impls(),
     }
-    for b in ("cudnn", "flash"):
-        if fa.sdpa_available(b, DTYPE, D):
-            out[f"sdpa-{b}"] = functools.partial(fa.sdpa, backend=b)
-    return out
 
 
 def timings(out_path: str | None) -> None:
-    print("\n== forward timings (bf16, d=128, 16 heads, 16k tokens; TFLOP/s from fwd_flops) ==")
-    fns = impls()
-    names = list(fns)
-    print("  " + f"{'N':>6} {'causal':<6} " + " ".join(f"{n:>11}" for n in names)
-          + "   ws/cudnn  ws/course  ws/ws-off  tile")  # fmt: skip
-    rows, missed = [], []
-    for n in SEQS:
-        shape = shape_for(n)
-        q, k, v = inputs(shape, seed=n)
-        for causal in (False, True):
-            flops = fa.fwd_flops(*shape[:3], n, D, causal)
-            with torch.no_grad():
-                ms = {name: bench.measure(functools.partial(fn, q, k, v, causal), flops=flops)
-                      for name, fn in fns.items()}  # fmt: skip
-            tile = ws._attn_fwd_ws_kernel.best_config
-            ratio = {b: ms["ws"].tflops / ms[b].tflops for b in ("sdpa-cudnn", "course", "ws-off")
-                     if b in ms}  # fmt: skip
-            cells = " ".join(f"{ms[name].tflops:>11.1f}" for name in names)
-            ratios = "  ".join(f"{ratio[b]:>8.3f}" if b in ratio else f"{'-':>8}"
-                               for b in ("sdpa-cudnn", "course", "ws-off"))  # fmt: skip
-            print(f"  {n:>6} {causal!s:<6} {cells}   {ratios}  {tile}", flush=True)
-            if n >= GOAL_MIN_N and ratio.get("sdpa-cudnn", 0.0) < GOAL:
-                missed.append((n, causal, ratio.get("sdpa-cudnn")))
-            tag = "-fwd" + ("-causal" if causal else "")
-            base = ("sdpa-cudnn", ms["sdpa-cudnn"]) if "sdpa-cudnn" in ms else None
-            for name, m in ms.items():
-                rows.append(bench.record("flash_attention_ws", name + tag, shape, DTYPE, m,
-                                         baseline=base if name == "ws" else None))  # fmt: skip
-    print(f"\n  goal (issue 19): ws >= {GOAL}x cuDNN SDPA forward at N >= {GOAL_MIN_N}, d = {D}")
-    if "sdpa-cudnn" not in fns:
-        print("  cuDNN SDPA does not run here: goal not checked")
-    elif missed:
-        print("  MISSED at " + ", ".join(f"N={n} causal={c} ({r:.3f}x)" for n, c, r in missed))
-    else:
-        print(f"  MET at every N >= {GOAL_MIN_N}, causal and not")
-    if out_path:
-        with open(out_path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        print(f"  {len(rows)} records written to {out_path}")
+    ratios = [("ws/cudnn", "ws", "sdpa-cudnn"), ("ws/course", "ws", "course"),
+              ("ws/ws-off", "ws", "ws-off")]  # fmt: skip
+    forward_timings(impls(), ratios, "flash_attention_ws", lambda name: name == "ws", out_path,
+                    note=lambda: str(ws._attn_fwd_ws_kernel.best_config))  # fmt: skip
 
 
 def main() -> None:
