@@ -24,6 +24,12 @@ left of the diagonal need no mask, and only the BLOCK_M/BLOCK_N tiles on the dia
 registers; a second kernel per query tile walks over the key tiles and accumulates ``dQ += dS K``.
 ``dS = P ∘ (dP - delta)`` with ``dP = dO Vᵀ``. Every accumulator is fp32.
 
+``backward="atomic_dq"`` (``BACKWARDS``) is FlashAttention-2's own CUDA design and FlashAttention-3's:
+the key-tile kernel also computes ``dS K`` for each query tile it visits and adds it to an fp32 dQ
+with atomic adds, so P and dP are computed once instead of twice (five matmuls per pair of tiles
+instead of seven) at the price of ``N_kv / BLOCK_N`` atomic adds per element of dQ and a conversion
+to fp16/bf16 at the end. The sum's order then changes from run to run: dQ is not bit-reproducible.
+
 ``naive_attention`` is the textbook version that materialises the scores (for the chapter's memory
 and speed comparison) and ``attention_ref`` the fp32 reference.
 """
@@ -43,6 +49,10 @@ from kernels.launch import LOG2E, cdiv
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128)
+# How the backward computes dQ: "two_kernels" (a second kernel over query tiles recomputes P and dP:
+# no atomics, the same bits every run) or "atomic_dq" (the key-tile kernel adds dS K into an fp32 dQ
+# with atomics). The first is the default until the second is measured faster (issue 19).
+BACKWARDS = ("two_kernels", "atomic_dq")
 
 # ----------------------------------------------------------------------------- configurations
 
@@ -296,15 +306,18 @@ def _attn_fwd_kernel(
 
 @triton.jit
 def _attn_bwd_preprocess_kernel(
-    # pointers: o, do [rows, HEAD_DIM]; delta [rows] (fp32)
+    # pointers: o, do [rows, HEAD_DIM]; delta [rows] (fp32); dq_acc [rows, HEAD_DIM] (fp32, written
+    # only with ZERO_DQ)
     o_ptr,
     do_ptr,
     delta_ptr,
+    dq_acc_ptr,
     # sizes
     n_rows,
     # meta-parameters
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    ZERO_DQ: tl.constexpr,  # also zero the fp32 dQ that the atomic backward adds into
 ):
     # delta_i = dO_i · O_i = sum_j P_ij dP_ij: the term every dS_ij subtracts. Reads o and do once.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -314,6 +327,9 @@ def _attn_bwd_preprocess_kernel(
     do = tl.load(do_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(delta_ptr + rows, delta, mask=rows < n_rows)
+    if ZERO_DQ:
+        zeros = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        tl.store(dq_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], zeros, mask=mask)
 
 
 @triton.jit
@@ -326,15 +342,18 @@ def _dkdv_tiles(
     do_base,
     lse_base,
     delta_base,
+    dq_base,
     offs_n,
     start,
     end,
     N_Q,
     qk_scale,
+    sm_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
     BOUNDS: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
     offs_m = start + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -361,7 +380,15 @@ def _dkdv_tiles(
         dp_t = tl.dot(v, tl.trans(do))  # dPᵀ = V dOᵀ
         ds_t = p_t * (dp_t - delta[None, :])  # dSᵀ = Pᵀ ∘ (dPᵀ - delta)
         # dK += dSᵀ Q (times sm_scale, applied once at the end)
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        ds_t = ds_t.to(q.dtype)
+        dk = tl.dot(ds_t, q, dk)
+        if ATOMIC_DQ:  # this key tile's share of dQ = dS K, added into the fp32 dQ
+            dq = tl.dot(tl.trans(ds_t), k) * sm_scale
+            dq_ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+            if BOUNDS:
+                tl.atomic_add(dq_ptrs, dq, mask=offs_m[:, None] < N_Q, sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
         offs_m += BLOCK_M
         q_ptrs += BLOCK_M * HEAD_DIM
         do_ptrs += BLOCK_M * HEAD_DIM
@@ -370,14 +397,17 @@ def _dkdv_tiles(
 
 @triton.autotune(
     configs=_configs("BLOCK_N", "BLOCK_M", _BWD_TUNED, _BWD_SMALL),
-    key=_AUTOTUNE_KEY,
+    key=[*_AUTOTUNE_KEY, "ATOMIC_DQ"],
     prune_configs_by={
         "early_config_prune": _pruner("BLOCK_N", "BLOCK_M", _BWD_TUNED, _BWD_SMALL, 2)
     },
+    # The atomic backward adds into dQ: every timing run of the autotuner would add again.
+    reset_to_zero=["dq_acc_ptr"],
 )
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    # pointers: q, do [B*H, N_Q, HEAD_DIM]; k, v, dk, dv [B*H, N_KV, HEAD_DIM]; lse, delta [B*H, N_Q]
+    # pointers: q, do [B*H, N_Q, HEAD_DIM]; k, v, dk, dv [B*H, N_KV, HEAD_DIM]; lse, delta [B*H, N_Q];
+    # dq_acc [B*H, N_Q, HEAD_DIM] fp32 (used only with ATOMIC_DQ)
     q_ptr,
     k_ptr,
     v_ptr,
@@ -386,6 +416,7 @@ def _attn_bwd_dkdv_kernel(
     delta_ptr,
     dk_ptr,
     dv_ptr,
+    dq_acc_ptr,
     # scalars and sizes
     sm_scale,
     N_Q,
@@ -393,6 +424,7 @@ def _attn_bwd_dkdv_kernel(
     # meta-parameters
     HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,  # also add this key tile's dS K into dq_acc (backward="atomic_dq")
     BLOCK_M: tl.constexpr,  # query rows per step of the loop
     BLOCK_N: tl.constexpr,  # key rows owned by this program
 ):
@@ -415,6 +447,7 @@ def _attn_bwd_dkdv_kernel(
     do_base = do_ptr + bh * N_Q * HEAD_DIM
     lse_base = lse_ptr + bh * N_Q
     delta_base = delta_ptr + bh * N_Q
+    dq_base = dq_acc_ptr + bh * N_Q * HEAD_DIM
     full_end = (N_Q // BLOCK_M) * BLOCK_M
     first = 0
     if CAUSAL:
@@ -422,13 +455,15 @@ def _attn_bwd_dkdv_kernel(
         # diagonal are masked; every query tile below them sees all of these keys.
         first = start_n + BLOCK_N
         diag_end = tl.minimum(first, N_Q)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, offs_n, start_n,
-                             diag_end, N_Q, qk_scale, HEAD_DIM, BLOCK_M, True, True)  # fmt: skip
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, offs_n, first,
-                         full_end, N_Q, qk_scale, HEAD_DIM, BLOCK_M, False, False)  # fmt: skip
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, offs_n,
-                         tl.maximum(first, full_end), N_Q, N_Q, qk_scale, HEAD_DIM, BLOCK_M,
-                         False, True)  # fmt: skip
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, offs_n,
+                             start_n, diag_end, N_Q, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, True,
+                             True, ATOMIC_DQ)  # fmt: skip
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, offs_n,
+                         first, full_end, N_Q, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, False, False,
+                         ATOMIC_DQ)  # fmt: skip
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, offs_n,
+                         tl.maximum(first, full_end), N_Q, N_Q, qk_scale, sm_scale, HEAD_DIM,
+                         BLOCK_M, False, True, ATOMIC_DQ)  # fmt: skip
 
     dk = dk * sm_scale  # s = sm_scale * q·k, so dL/dk carries one factor of sm_scale
     tl.store(dk_ptr + kv_off, dk.to(dk_ptr.dtype.element_ty), mask=key_ok)
@@ -622,24 +657,34 @@ def _forward(
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
+def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, backward: str = "two_kernels"):
     B, H, n_q, D = q.shape
     n_kv = k.shape[2]
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0:
         return dq, dk.zero_(), dv.zero_()
+    atomic = backward == "atomic_dq"
     delta = torch.empty_like(lse)
+    # The fp32 dQ the atomic backward adds into (zeroed by the preprocess); else a placeholder of
+    # its own (the autotuner zeroes whatever dq_acc_ptr points to between its timing runs).
+    dq_acc = (
+        torch.empty(q.shape, device=q.device, dtype=torch.float32) if atomic else lse.new_empty(1)
+    )
     rows = B * H * n_q
     pre_block = 64
     _attn_bwd_preprocess_kernel[(cdiv(rows, pre_block),)](
-        o, do, delta, rows, HEAD_DIM=D, BLOCK_M=pre_block
+        o, do, delta, dq_acc, rows, HEAD_DIM=D, BLOCK_M=pre_block, ZERO_DQ=atomic
     )
     _attn_bwd_dkdv_kernel[lambda meta: (cdiv(n_kv, meta["BLOCK_N"]), B * H)](
-        q, k, v, do, lse, delta, dk, dv, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal
-    )
-    _attn_bwd_dq_kernel[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), B * H)](
-        q, k, v, do, lse, delta, dq, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal
-    )
+        q, k, v, do, lse, delta, dk, dv, dq_acc, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal,
+        ATOMIC_DQ=atomic,
+    )  # fmt: skip
+    if atomic:
+        dq.copy_(dq_acc)  # fp32 -> fp16/bf16, one launch
+    else:
+        _attn_bwd_dq_kernel[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), B * H)](
+            q, k, v, do, lse, delta, dq, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal
+        )
     return dq, dk, dv
 
 
@@ -647,18 +692,23 @@ class FlashAttention(torch.autograd.Function):
     """The autograd node: saves q, k, v, o and the per-row log-sum-exp, never the N x N matrix."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, sm_scale: float, tma: bool | None = None):
+    def forward(
+        ctx, q, k, v, causal: bool, sm_scale: float, tma: bool | None = None, backward="two_kernels"
+    ):
         o, lse = _forward(q, k, v, causal, sm_scale, tma)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal = causal
         ctx.sm_scale = sm_scale
+        ctx.backward_mode = backward
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.sm_scale)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = _backward(
+            q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.sm_scale, ctx.backward_mode
+        )
+        return dq, dk, dv, None, None, None, None
 
 
 def attention(
@@ -669,16 +719,20 @@ def attention(
     sm_scale: float | None = None,
     *,
     tma: bool | None = None,
+    backward: str = "two_kernels",
 ) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale [+ causal mask]) v`` for ``q: [B, H, Nq, D]``, ``k, v: [B, H, Nk, D]``.
 
     fp16 or bf16, contiguous, head dim 64 or 128; ``sm_scale`` defaults to ``1/sqrt(D)``. With
     ``causal=True`` query i sees keys 0..i (Nq must equal Nk). Differentiable in q, k and v.
     ``tma``: move the forward's K/V tiles with the TMA copy engine (Hopper+); default where it
-    applies. Both paths compute the same thing.
+    applies. Both paths compute the same thing. ``backward``: how the gradient computes dQ, one of
+    ``BACKWARDS`` (the module docstring compares them).
     """
     scale = _check(q, k, v, causal, sm_scale)
-    return FlashAttention.apply(q, k, v, causal, scale, tma)
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+    return FlashAttention.apply(q, k, v, causal, scale, tma, backward)
 
 
 def attention_with_lse(
@@ -837,23 +891,27 @@ def _specs(t: str, tiles: dict, options: dict, min_cc: int) -> list[dict]:
                 options=options,
                 min_cc=min_cc,
             ),
-            dict(
-                kernel=_attn_bwd_dkdv_kernel.fn,
-                signature={
-                    "q_ptr": ptr,
-                    "k_ptr": ptr,
-                    "v_ptr": ptr,
-                    "do_ptr": ptr,
-                    "lse_ptr": "*fp32",
-                    "delta_ptr": "*fp32",
-                    "dk_ptr": ptr,
-                    "dv_ptr": ptr,
-                    **_SIZES,
-                },  # fmt: skip
-                constexprs={**meta, **dkdv_tiles},
-                options=options,
-                min_cc=min_cc,
-            ),
+            *[
+                dict(
+                    kernel=_attn_bwd_dkdv_kernel.fn,
+                    signature={
+                        "q_ptr": ptr,
+                        "k_ptr": ptr,
+                        "v_ptr": ptr,
+                        "do_ptr": ptr,
+                        "lse_ptr": "*fp32",
+                        "delta_ptr": "*fp32",
+                        "dk_ptr": ptr,
+                        "dv_ptr": ptr,
+                        "dq_acc_ptr": "*fp32",
+                        **_SIZES,
+                    },  # fmt: skip
+                    constexprs={**meta, "ATOMIC_DQ": atomic, **dkdv_tiles},
+                    options=options,
+                    min_cc=min_cc,
+                )
+                for atomic in (False, True)
+            ],
             dict(
                 kernel=_attn_bwd_dq_kernel.fn,
                 signature={
@@ -874,8 +932,14 @@ def _specs(t: str, tiles: dict, options: dict, min_cc: int) -> list[dict]:
     out.append(
         dict(
             kernel=_attn_bwd_preprocess_kernel,
-            signature={"o_ptr": ptr, "do_ptr": ptr, "delta_ptr": "*fp32", "n_rows": "i32"},
-            constexprs={"HEAD_DIM": d, "BLOCK_M": 64},
+            signature={
+                "o_ptr": ptr,
+                "do_ptr": ptr,
+                "delta_ptr": "*fp32",
+                "dq_acc_ptr": "*fp32",
+                "n_rows": "i32",
+            },
+            constexprs={"HEAD_DIM": d, "BLOCK_M": 64, "ZERO_DQ": True},
             min_cc=min_cc,
         )
     )

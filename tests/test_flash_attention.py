@@ -29,10 +29,10 @@ def _inputs(b, h, n_q, n_kv, d, dtype, seed=0):
     return q, k, v
 
 
-def _check_fwd_bwd(q, k, v, causal):
+def _check_fwd_bwd(q, k, v, causal, backward="two_kernels"):
     dtype = q.dtype
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-    out = fa.attention(qg, kg, vg, causal)
+    out = fa.attention(qg, kg, vg, causal, backward=backward)
     assert out.shape == q.shape and out.dtype == dtype
     qr, kr, vr = (x.float().requires_grad_() for x in (q, k, v))
     ref = fa.attention_ref(qr, kr, vr, causal)
@@ -68,6 +68,45 @@ def test_matches_fp32_reference_d128(n, causal, dtype):
 @pytest.mark.parametrize("n_q, n_kv", [(17, 130), (130, 33), (1, 100)])
 def test_different_query_and_key_lengths(n_q, n_kv, dtype):
     _check_fwd_bwd(*_inputs(1, 2, n_q, n_kv, 64, dtype, seed=n_q + n_kv), causal=False)
+
+
+# The atomic-dQ backward: the same gradients from one pass over key tiles. Lengths inside one tile
+# and across several (every query row then gets adds from several key tiles), causal and not,
+# queries and keys of different lengths, both head dims.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    "n, d",
+    [(1, 64), (17, 64), (130, 64), (130, 128)]
+    + ([(1000, 128), (4097, 64)] if device.GPU_MODE else []),
+)
+def test_atomic_dq_backward_matches_fp32_reference(n, d, causal, dtype):
+    _check_fwd_bwd(*_inputs(1, 2, n, n, d, dtype, seed=n + d), causal, backward="atomic_dq")
+
+
+@pytest.mark.parametrize("n_q, n_kv", [(17, 130), (130, 33)])
+def test_atomic_dq_backward_different_lengths(n_q, n_kv):
+    q, k, v = _inputs(1, 2, n_q, n_kv, 64, torch.float16, seed=n_q * n_kv)
+    _check_fwd_bwd(q, k, v, False, backward="atomic_dq")
+
+
+def test_atomic_dq_matches_two_kernel_backward():
+    # The two backwards differ only in how dQ is summed: dK and dV are the same bits, dQ close.
+    q, k, v = _inputs(1, 2, 130, 130, 64, torch.float16, seed=3)
+    grads = {}
+    for mode in fa.BACKWARDS:
+        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+        fa.attention(qg, kg, vg, True, backward=mode).backward(torch.ones_like(q))
+        grads[mode] = (qg.grad, kg.grad, vg.grad)
+    (dq2, dk2, dv2), (dqa, dka, dva) = grads["two_kernels"], grads["atomic_dq"]
+    assert torch.equal(dk2, dka) and torch.equal(dv2, dva)
+    assert _rel_err(dqa, dq2) < 2e-3
+
+
+def test_rejects_unknown_backward():
+    q, k, v = _inputs(1, 1, 8, 8, 64, torch.float16)
+    with pytest.raises(ValueError, match="backward must be one of"):
+        fa.attention(q, k, v, backward="atomic")
 
 
 def test_sm_scale_and_lse():

@@ -24,7 +24,15 @@ _spec.loader.exec_module(profile_misses)
         ("mla", ["fixed cost per call", "fixed cost per DSA decode step"]),
         ("moe", ["partial tiles:", "large groups:", "permute at"]),
         ("hgemm", ["hgemm skipped: smoke mode"]),  # no nvcc build on a CPU: the plumbing only
-        ("fa", ["would profile: ", "fwd-course-256", "bwd-course-256"]),  # + CUDA, cuDNN on a GPU
+        (
+            "fa",
+            [
+                "would profile: ",
+                "fwd-course-256",
+                "bwd-course-two_kernels-256",
+                "bwd-course-atomic_dq",
+            ],
+        ),
     ],
 )
 def test_each_topic_runs_in_smoke_mode(topic, expected):

@@ -30,7 +30,8 @@ Topics, and the hypotheses each settles:
   trails its plain one: tensor-pipe use, issue slots and stalls of both schedules, of the course's
   Triton forward and of cuDNN's SDPA at N = 8192, d = 128, causal and not. And where the course's
   backward (two kernels, dK/dV then dQ, each recomputing P) loses to cuDNN's: the same counters for
-  both backwards. Timings of every case beside.
+  it, for its one-pass variant with an atomic fp32 dQ (``backward="atomic_dq"``) and for cuDNN's.
+  Timings of every case beside.
 
 ``--part profile`` warms every case up first (compiles, autotunes, builds), then runs each once
 between ``cudaProfilerStart`` and ``cudaProfilerStop``, inside an NVTX range ``case:<label>`` that
@@ -677,7 +678,8 @@ def fa_cases(smoke: bool) -> list[Case]:
         cases.append((f"fwd-course{tag}", lambda c=causal: fa.attention(q, k, v, c)))
         if fa.sdpa_available("cudnn"):
             cases.append((f"fwd-sdpa-cudnn{tag}", lambda c=causal: fa.sdpa(q, k, v, c, "cudnn")))
-        backwards = [("course", lambda qq, kk, vv, c: fa.attention(qq, kk, vv, c))]
+        backwards = [(f"course-{mode}", lambda qq, kk, vv, c, m=mode: fa.attention(qq, kk, vv, c, backward=m))
+                     for mode in fa.BACKWARDS]  # fmt: skip
         if fa.sdpa_available("cudnn"):
             backwards.append(("sdpa-cudnn", lambda qq, kk, vv, c: fa.sdpa(qq, kk, vv, c, "cudnn")))
         for name, fwd in backwards:

@@ -84,9 +84,10 @@ def matmul():
 def attention_fwd_bwd():
     from kernels import flash_attention as fa
 
-    for causal, n_q, n_kv, d in [(False, 33, 70, 64), (True, 45, 45, 128)]:
+    cases = [(False, 33, 70, 64), (True, 45, 45, 128)]
+    for (causal, n_q, n_kv, d), backward in [(c, b) for c in cases for b in fa.BACKWARDS]:
         q, k, v = (rnd(1, 2, n, d).requires_grad_() for n in (n_q, n_kv, n_kv))
-        o = fa.attention(q, k, v, causal)
+        o = fa.attention(q, k, v, causal, backward=backward)
         qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))
         ref = fa.attention_ref(qr, kr, vr, causal)
         close(o, ref)
