@@ -729,6 +729,8 @@ WANTED_METRICS = [
     "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
     "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
     "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "lts__t_sectors_op_red.sum",  # L2 sectors of reductions (red: the atomic backward's dQ adds)
+    "lts__t_sectors_op_atom.sum",
 ]
 STALL_BASE = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active$")
 # Every tensor pipe this ncu names (as kernels/cuda/hgemm_check.py picks them).
@@ -797,6 +799,8 @@ _PICK = {  # summary field: raw-page columns, first found wins
     "occ_max": ["sm__maximum_warps_per_active_cycle_pct"],
     "local_ld": ["l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"],
     "local_st": ["l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"],
+    "red": ["lts__t_sectors_op_red.sum"],
+    "atom": ["lts__t_sectors_op_atom.sum"],
 }  # fmt: skip
 
 
@@ -877,6 +881,10 @@ def summarize(path: Path) -> None:
               f"registers/thread | occupancy {f(get('occ'), '%')} achieved, "
               f"{f(get('occ_max'), '%')} theoretical")  # fmt: skip
         stall_txt = ", ".join(f"{k} {v:.2f}" for k, v in top) or "n/a"
+        red, atom = get("red"), get("atom")
+        if red or atom:  # 32-byte sectors of reductions and atomics at L2
+            print(f"    atomics at L2: red {f((red or 0) * 32e-6, ' MB')}, "
+                  f"atom {f((atom or 0) * 32e-6, ' MB')}")  # fmt: skip
         print(f"    local memory (spills): load {f(get('local_ld', _BYTES_MB), ' MB', '{:,.2f}')}, "
               f"store {f(get('local_st', _BYTES_MB), ' MB', '{:,.2f}')} | top stalls (warps per "
               f"issued instruction): {stall_txt}")  # fmt: skip
