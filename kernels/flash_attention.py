@@ -343,6 +343,8 @@ def _dkdv_tiles(
     lse_base,
     delta_base,
     dq_base,
+    dq_desc,
+    q_row0,
     offs_n,
     start,
     end,
@@ -354,6 +356,7 @@ def _dkdv_tiles(
     CAUSAL_MASK: tl.constexpr,
     BOUNDS: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
+    DQ_TMA: tl.constexpr,
 ):
     offs_m = start + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -385,7 +388,12 @@ def _dkdv_tiles(
         if ATOMIC_DQ:  # this key tile's share of dQ = dS K, added into the fp32 dQ
             dq = tl.dot(tl.trans(ds_t), k) * sm_scale
             dq_ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-            if BOUNDS:
+            if DQ_TMA:
+                # One bulk reduction by the TMA unit (cp.reduce.async.bulk.tensor .add) from
+                # shared memory, instead of a red.global per element from every thread. Rows past
+                # N_Q (the next head's, or clipped at the end) get exact zeros: their dS is 0.
+                dq_desc.atomic_add([q_row0 + start_m, 0], dq)
+            elif BOUNDS:
                 tl.atomic_add(dq_ptrs, dq, mask=offs_m[:, None] < N_Q, sem="relaxed")
             else:
                 tl.atomic_add(dq_ptrs, dq, sem="relaxed")
@@ -395,9 +403,15 @@ def _dkdv_tiles(
     return dk, dv
 
 
+def _set_dq_block(nargs):
+    # The dQ descriptor's tile is one step's query rows: it changes with the config's BLOCK_M.
+    if nargs["DQ_TMA"]:
+        nargs["dq_desc"].block_shape = [nargs["BLOCK_M"], nargs["HEAD_DIM"]]
+
+
 @triton.autotune(
-    configs=_configs("BLOCK_N", "BLOCK_M", _BWD_TUNED, _BWD_SMALL),
-    key=[*_AUTOTUNE_KEY, "ATOMIC_DQ"],
+    configs=_configs("BLOCK_N", "BLOCK_M", _BWD_TUNED, _BWD_SMALL, hook=_set_dq_block),
+    key=[*_AUTOTUNE_KEY, "ATOMIC_DQ", "DQ_TMA"],
     prune_configs_by={
         "early_config_prune": _pruner("BLOCK_N", "BLOCK_M", _BWD_TUNED, _BWD_SMALL, 2)
     },
@@ -417,6 +431,7 @@ def _attn_bwd_dkdv_kernel(
     dk_ptr,
     dv_ptr,
     dq_acc_ptr,
+    dq_desc,  # with DQ_TMA: a TMA descriptor of dq_acc as [B*H*N_Q, HEAD_DIM] (else unused)
     # scalars and sizes
     sm_scale,
     N_Q,
@@ -425,6 +440,7 @@ def _attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,  # also add this key tile's dS K into dq_acc (backward="atomic_dq")
+    DQ_TMA: tl.constexpr,  # ... by TMA bulk reductions through dq_desc (else tl.atomic_add)
     BLOCK_M: tl.constexpr,  # query rows per step of the loop
     BLOCK_N: tl.constexpr,  # key rows owned by this program
 ):
@@ -448,6 +464,7 @@ def _attn_bwd_dkdv_kernel(
     lse_base = lse_ptr + bh * N_Q
     delta_base = delta_ptr + bh * N_Q
     dq_base = dq_acc_ptr + bh * N_Q * HEAD_DIM
+    q_row0 = (bh * N_Q).to(tl.int32)  # descriptor coordinates are rows of the 2-D view
     full_end = (N_Q // BLOCK_M) * BLOCK_M
     first = 0
     if CAUSAL:
@@ -455,15 +472,15 @@ def _attn_bwd_dkdv_kernel(
         # diagonal are masked; every query tile below them sees all of these keys.
         first = start_n + BLOCK_N
         diag_end = tl.minimum(first, N_Q)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, offs_n,
-                             start_n, diag_end, N_Q, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, True,
-                             True, ATOMIC_DQ)  # fmt: skip
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, offs_n,
-                         first, full_end, N_Q, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, False, False,
-                         ATOMIC_DQ)  # fmt: skip
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, offs_n,
-                         tl.maximum(first, full_end), N_Q, N_Q, qk_scale, sm_scale, HEAD_DIM,
-                         BLOCK_M, False, True, ATOMIC_DQ)  # fmt: skip
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, dq_desc,
+                             q_row0, offs_n, start_n, diag_end, N_Q, qk_scale, sm_scale, HEAD_DIM,
+                             BLOCK_M, True, True, ATOMIC_DQ, DQ_TMA)  # fmt: skip
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, dq_desc,
+                         q_row0, offs_n, first, full_end, N_Q, qk_scale, sm_scale, HEAD_DIM,
+                         BLOCK_M, False, False, ATOMIC_DQ, DQ_TMA)  # fmt: skip
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, dq_desc,
+                         q_row0, offs_n, tl.maximum(first, full_end), N_Q, N_Q, qk_scale,
+                         sm_scale, HEAD_DIM, BLOCK_M, False, True, ATOMIC_DQ, DQ_TMA)  # fmt: skip
 
     dk = dk * sm_scale  # s = sm_scale * q·k, so dL/dk carries one factor of sm_scale
     tl.store(dk_ptr + kv_off, dk.to(dk_ptr.dtype.element_ty), mask=key_ok)
@@ -675,9 +692,16 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, backward: str 
     _attn_bwd_preprocess_kernel[(cdiv(rows, pre_block),)](
         o, do, delta, dq_acc, rows, HEAD_DIM=D, BLOCK_M=pre_block, ZERO_DQ=atomic
     )
+    # On Hopper the dQ adds go out as TMA bulk reductions (a descriptor over dq_acc as rows).
+    dq_tma = atomic and tma_available(dq_acc)
+    dq_desc = dq_acc
+    if dq_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        dq_desc = TensorDescriptor.from_tensor(dq_acc.view(rows, D), [16, D])  # _set_dq_block
     _attn_bwd_dkdv_kernel[lambda meta: (cdiv(n_kv, meta["BLOCK_N"]), B * H)](
-        q, k, v, do, lse, delta, dk, dv, dq_acc, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal,
-        ATOMIC_DQ=atomic,
+        q, k, v, do, lse, delta, dk, dv, dq_acc, dq_desc, sm_scale, n_q, n_kv, HEAD_DIM=D,
+        CAUSAL=causal, ATOMIC_DQ=atomic, DQ_TMA=dq_tma,
     )  # fmt: skip
     if atomic:
         dq.copy_(dq_acc)  # fp32 -> fp16/bf16, one launch
@@ -904,9 +928,10 @@ def _specs(t: str, tiles: dict, options: dict, min_cc: int) -> list[dict]:
                         "dk_ptr": ptr,
                         "dv_ptr": ptr,
                         "dq_acc_ptr": "*fp32",
+                        "dq_desc": "*fp32",
                         **_SIZES,
                     },  # fmt: skip
-                    constexprs={**meta, "ATOMIC_DQ": atomic, **dkdv_tiles},
+                    constexprs={**meta, "ATOMIC_DQ": atomic, "DQ_TMA": False, **dkdv_tiles},
                     options=options,
                     min_cc=min_cc,
                 )
@@ -970,7 +995,32 @@ def _tma_spec(causal: bool) -> dict:
     )
 
 
-COMPILE_SPECS = [_tma_spec(False), _tma_spec(True)] + _specs(
+def _dq_tma_spec(causal: bool) -> dict:
+    """The atomic backward's dK/dV kernel with dQ reduced through a TMA descriptor (Hopper)."""
+    ptr = "*bf16"
+    return dict(
+        kernel=_attn_bwd_dkdv_kernel.fn,
+        signature={
+            "q_ptr": ptr,
+            "k_ptr": ptr,
+            "v_ptr": ptr,
+            "do_ptr": ptr,
+            "lse_ptr": "*fp32",
+            "delta_ptr": "*fp32",
+            "dk_ptr": ptr,
+            "dv_ptr": ptr,
+            "dq_acc_ptr": "*fp32",
+            "dq_desc": "tensordesc<fp32[64, 128]>",
+            **_SIZES,
+        },  # fmt: skip
+        constexprs={"HEAD_DIM": 128, "CAUSAL": causal, "ATOMIC_DQ": True, "DQ_TMA": True,
+                    "BLOCK_N": 128, "BLOCK_M": 64},  # fmt: skip
+        options={"num_warps": 8, "num_stages": 3},
+        min_cc=90,
+    )
+
+
+COMPILE_SPECS = [_tma_spec(False), _tma_spec(True), _dq_tma_spec(False), _dq_tma_spec(True)] + _specs(
     "fp16", {"fwd": (64, 32), "bwd": (64, 32), "head_dim": 64}, {"num_warps": 4, "num_stages": 2}, 0
 ) + _specs(
     "bf16", {"fwd": (128, 64), "bwd": (128, 32), "head_dim": 128},
