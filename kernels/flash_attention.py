@@ -29,6 +29,10 @@ the key-tile kernel also computes ``dS K`` for each query tile it visits and add
 with atomic adds, so P and dP are computed once instead of twice (five matmuls per pair of tiles
 instead of seven) at the price of ``N_kv / BLOCK_N`` atomic adds per element of dQ and a conversion
 to fp16/bf16 at the end. The sum's order then changes from run to run: dQ is not bit-reproducible.
+On Hopper the adds go out as TMA bulk reductions (``tensor_descriptor.atomic_add``), elsewhere as
+``tl.atomic_add``. Measured on an H100 at 8,192 tokens it is not faster: the extra matmul and the
+dQ tile push the key-tile kernel past 255 registers into spills, and it takes 6,950 µs where the
+two kernels take 3,951 + 2,638 (scripts/gpu/fa_bwd_tiles.py; page 4.9 has the numbers).
 
 ``naive_attention`` is the textbook version that materialises the scores (for the chapter's memory
 and speed comparison) and ``attention_ref`` the fp32 reference.
@@ -51,7 +55,8 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128)
 # How the backward computes dQ: "two_kernels" (a second kernel over query tiles recomputes P and dP:
 # no atomics, the same bits every run) or "atomic_dq" (the key-tile kernel adds dS K into an fp32 dQ
-# with atomics). The first is the default until the second is measured faster (issue 19).
+# with atomics). The first is the default: the second measured 3-5% slower on an H100 (causal: 3%
+# faster, within run-to-run noise).
 BACKWARDS = ("two_kernels", "atomic_dq")
 
 # ----------------------------------------------------------------------------- configurations
@@ -1013,8 +1018,14 @@ def _dq_tma_spec(causal: bool) -> dict:
             "dq_desc": "tensordesc<fp32[64, 128]>",
             **_SIZES,
         },  # fmt: skip
-        constexprs={"HEAD_DIM": 128, "CAUSAL": causal, "ATOMIC_DQ": True, "DQ_TMA": True,
-                    "BLOCK_N": 128, "BLOCK_M": 64},  # fmt: skip
+        constexprs={
+            "HEAD_DIM": 128,
+            "CAUSAL": causal,
+            "ATOMIC_DQ": True,
+            "DQ_TMA": True,
+            "BLOCK_N": 128,
+            "BLOCK_M": 64,
+        },  # fmt: skip
         options={"num_warps": 8, "num_stages": 3},
         min_cc=90,
     )
