@@ -40,10 +40,12 @@ namespace faws {
 constexpr int BM = 128, BN = 128, D = 128, STAGES = 2, CONSUMERS = 2, NT = 128 * (1 + CONSUMERS);
 constexpr int HALF = 128 * 64 * 2;  // one TMA box: 128 rows x 64 bf16 (128-byte swizzled rows)
 constexpr int TILE = 2 * HALF;      // a 128 x 128 tile as two boxes side by side: 32 KB
-// Q, then per stage K and V; 1 KB of alignment slack; the barriers: Q, then full K, full V and
-// empty per stage.
-constexpr int SMEM = TILE + STAGES * 2 * TILE + 1024 + (1 + 3 * STAGES) * 8;
+// Q, then per stage K and V; 1 KB of alignment slack; the barriers: Q full, then full K, full V and
+// empty per stage, then Q empty (the persistent kernel's: Q is reloaded for every tile).
+constexpr int SMEM = TILE + STAGES * 2 * TILE + 1024 + (2 + 3 * STAGES) * 8;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+// The persistent kernel's tiles per group of heads (about two waves of blocks on an H100).
+constexpr int GROUP_TILES = 256;
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 static_assert(SMEM <= 227 * 1024, "shared memory per block");
 // With square tiles only a block's last key tile holds keys past its rows (the diagonal, causal) or
@@ -219,6 +221,26 @@ __device__ __forceinline__ void pack_p(uint32_t (&p)[faws::BN / 16][4], const fl
   }
 }
 
+// Epilogue: O / l, rows past N not stored; lse (log2 units) by the first lane of each quad.
+__device__ __forceinline__ void store_rows(const float (&o)[64], const float (&m)[2], const float (&l)[2],
+                                           const int (&row)[2], int lane, int bh, int N, float qk_scale,
+                                           bf16* __restrict__ O, float* __restrict__ lse) {
+  using namespace faws;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (row[h] >= N) continue;
+    const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+    const int64_t base = (static_cast<int64_t>(bh) * N + row[h]) * D;
+#pragma unroll
+    for (int jj = 0; jj < D / 8; ++jj) {
+      const int col = 8 * jj + 2 * (lane % 4);
+      *reinterpret_cast<__nv_bfloat162*>(O + base + col) =
+          __floats2bfloat162_rn(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+    }
+    if (lane % 4 == 0) lse[static_cast<int64_t>(bh) * N + row[h]] = m[h] * qk_scale + log2f(l[h]);
+  }
+}
+
 template <bool CAUSAL, bool OVERLAP>
 __global__ void __launch_bounds__(faws::NT, 1)
     fa_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
@@ -275,7 +297,6 @@ __global__ void __launch_bounds__(faws::NT, 1)
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int r0 = m0 + 64 * c + 16 * warp + lane / 4;
     const Consumer me{q_tile + c * 64 * 128, {r0, r0 + 8}, lane, N, qk_scale};
-    const int* row = me.row;
     float o[64], sc[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
     uint32_t p[BN / 16][4];
 #pragma unroll
@@ -351,33 +372,154 @@ __global__ void __launch_bounds__(faws::NT, 1)
       if (lane == 0) mbar_arrive(empty + 8 * (last % STAGES));
     }
 
-    // Epilogue: O / l, rows past N not stored; lse by the first lane of each quad.
+    store_rows(o, m, l, me.row, lane, bh, N, qk_scale, O, lse);
+  }
+}
+
+// The plain schedule on a persistent grid: one block per SM walks over (query tile, head) pairs
+// t = blockIdx.x, blockIdx.x + gridDim.x, ..., so the producer loads the next tile's Q, K and V
+// while the consumers finish the last one (their epilogue, and the ramp of every tile, no longer
+// leave the tensor cores idle). Causal tiles go longest first within a group of heads, so the short
+// ones fill the end. The K/V ring
+// runs on across tiles (a fill counter g, not the key index, picks the slot and the phase); a
+// second barrier, Q empty, tells the producer when the consumers are done with a tile's Q.
+template <bool CAUSAL>
+__global__ void __launch_bounds__(faws::NT, 1)
+    fa_ws_persistent_kernel(const __grid_constant__ CUtensorMap map_q,
+                            const __grid_constant__ CUtensorMap map_k,
+                            const __grid_constant__ CUtensorMap map_v, int N, int BH, float qk_scale,
+                            bf16* __restrict__ O, float* __restrict__ lse) {
+  using namespace faws;
+  extern __shared__ uint8_t smem[];
+  const uint32_t q_tile = smem_base_1024(smem), kv = q_tile + TILE;
+  const uint32_t q_full = kv + STAGES * 2 * TILE, k_full = q_full + 8, v_full = k_full + STAGES * 8,
+                 empty = v_full + STAGES * 8, q_empty = empty + STAGES * 8;
+  const int m_tiles = HG_CEIL_DIV(N, BM), tiles = m_tiles * BH;
+  const int wg = threadIdx.x / 128;
+  // Tile t: the tiles go in groups of `heads` heads (about GROUP_TILES tiles, two waves of blocks),
+  // so the blocks running at once share the K and V of a few heads in L2. (Heads first, one head per
+  // block, measured 0.67-0.99x plain: 132 heads' K and V at once overflow L2 and are read again
+  // from DRAM for every query tile.) Within a group, query tiles go longest first when causal, the
+  // group's heads varying fastest, so the short tiles fill the end.
+  const int heads = max(1, min(BH, GROUP_TILES / m_tiles));
+  const auto coords = [&](int t, int& m0, int& bh, int& blocks) {
+    const int group = t / (heads * m_tiles), r = t % (heads * m_tiles);
+    const int in_group = min(heads, BH - group * heads);  // the last group may hold fewer heads
+    const int mt = r / in_group;
+    bh = group * heads + r % in_group;
+    m0 = (CAUSAL ? m_tiles - 1 - mt : mt) * BM;
+    blocks = HG_CEIL_DIV(CAUSAL ? min(N, m0 + BM) : N, BN);
+  };
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, CONSUMERS * 4);  // lane 0 of every consumer warp
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (row[h] >= N) continue;
-      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
-      const int64_t base = (static_cast<int64_t>(bh) * N + row[h]) * D;
-#pragma unroll
-      for (int jj = 0; jj < D / 8; ++jj) {
-        const int col = 8 * jj + 2 * (lane % 4);
-        *reinterpret_cast<__nv_bfloat162*>(O + base + col) =
-            __floats2bfloat162_rn(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(k_full + 8 * s, 1);
+      mbar_init(v_full + 8 * s, 1);
+      mbar_init(empty + 8 * s, CONSUMERS * 4);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+    if (threadIdx.x == 0) {
+      uint32_t g = 0;  // K/V fills so far, over all tiles
+      int it = 0;      // tiles so far
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+        int m0, bh, blocks;
+        coords(t, m0, bh, blocks);
+        // The it-th Q load waits for the consumers' release of Q number it - 1.
+        if (it > 0) mbar_wait(q_empty, (it - 1) & 1);
+        mbar_arrive_expect_tx(q_full, TILE);
+        tma_load_2d(q_tile, &map_q, q_full, 0, bh * N + m0);
+        tma_load_2d(q_tile + HALF, &map_q, q_full, 64, bh * N + m0);
+        for (int j = 0; j < blocks; ++j, ++g) {
+          const uint32_t s = g % STAGES;
+          if (g >= STAGES) mbar_wait(empty + 8 * s, (g / STAGES - 1) & 1);
+          const uint32_t k_tile = kv + s * 2 * TILE, v_tile = k_tile + TILE;
+          const int k_row = bh * N + j * BN;
+          mbar_arrive_expect_tx(k_full + 8 * s, TILE);
+          tma_load_2d(k_tile, &map_k, k_full + 8 * s, 0, k_row);
+          tma_load_2d(k_tile + HALF, &map_k, k_full + 8 * s, 64, k_row);
+          mbar_arrive_expect_tx(v_full + 8 * s, TILE);
+          tma_load_2d(v_tile, &map_v, v_full + 8 * s, 0, k_row);
+          tma_load_2d(v_tile + HALF, &map_v, v_full + 8 * s, 64, k_row);
+        }
       }
-      if (lane % 4 == 0) lse[static_cast<int64_t>(bh) * N + row[h]] = m[h] * qk_scale + log2f(l[h]);
+    }
+  } else {
+    // ---- consumers: the plain schedule, tile after tile
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    const int c = wg - 1;
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    float o[64], sc[64], m[2], l[2], alpha[2];
+    uint32_t p[BN / 16][4];
+    uint32_t g = 0;
+    int it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+      int m0, bh, blocks;
+      coords(t, m0, bh, blocks);
+      const int r0 = m0 + 64 * c + 16 * warp + lane / 4;
+      const Consumer me{q_tile + c * 64 * 128, {r0, r0 + 8}, lane, N, qk_scale};
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = 0.f;
+      m[0] = m[1] = -INFINITY;
+      l[0] = l[1] = 0.f;
+      mbar_wait(q_full, it & 1);
+      // One key tile: j picks the keys (and the mask), g the ring slot and its phase. After the
+      // last S of the tile, Q is released to the producer.
+      const auto tile = [&](int j, auto mask) {
+        const uint32_t s = g % STAGES, parity = (g / STAGES) & 1;
+        const uint32_t k_tile = kv + s * 2 * TILE;
+        mbar_wait(k_full + 8 * s, parity);
+        issue_qk(sc, me, k_tile);
+        wgmma_wait<0>();
+        fence_operands(sc);
+        if (decltype(mask)::value && lane == 0) mbar_arrive(q_empty);  // the last S: Q is free
+        softmax_tile<CAUSAL, decltype(mask)::value>(sc, m, l, alpha, me, j);
+        rescale(o, alpha);
+        pack_p(p, sc);
+        mbar_wait(v_full + 8 * s, parity);
+        issue_pv(o, p, k_tile + TILE);
+        wgmma_wait<0>();
+        fence_operands(o);
+        if (lane == 0) mbar_arrive(empty + 8 * s);
+        ++g;
+      };
+      for (int j = 0; j < blocks - 1; ++j) tile(j, std::false_type{});
+      tile(blocks - 1, std::true_type{});
+      store_rows(o, m, l, me.row, lane, bh, N, qk_scale, O, lse);
     }
   }
 }
 
 // Q, K, V, O: [BH * N, 128] row-major; lse: [BH * N]. nullptr when it launched, else what went
-// wrong.
+// wrong. schedule: 0 plain, 1 overlap, 2 persistent (kernels/cuda/fa_ws.py's SCHEDULES, in order).
 const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* V, bf16* O, float* lse, int BH,
-                          int N, float qk_scale, bool causal, bool overlap, cudaStream_t s) {
+                          int N, float qk_scale, bool causal, int schedule, cudaStream_t s) {
   using namespace faws;
   CUtensorMap map_q, map_k, map_v;
   const char* err;
   if ((err = hgemm_tensor_map(&map_q, Q, BH * N, D, BM))) return err;
   if ((err = hgemm_tensor_map(&map_k, K, BH * N, D, BN))) return err;
   if ((err = hgemm_tensor_map(&map_v, V, BH * N, D, BN))) return err;
+  if (schedule == 2) {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return "cudaDeviceGetAttribute(MultiProcessorCount) failed";
+    const int tiles = HG_CEIL_DIV(N, BM) * BH;
+    auto kernel = causal ? fa_ws_persistent_kernel<true> : fa_ws_persistent_kernel<false>;
+    if ((err = hgemm_allow_smem(kernel, SMEM))) return err;
+    kernel<<<min(sms, tiles), NT, SMEM, s>>>(map_q, map_k, map_v, N, BH, qk_scale, O, lse);
+    return nullptr;
+  }
+  const bool overlap = schedule == 1;
   const dim3 grid(HG_CEIL_DIV(N, BM), BH);
   auto kernel = causal ? (overlap ? fa_ws_kernel<true, true> : fa_ws_kernel<true, false>)
                        : (overlap ? fa_ws_kernel<false, true> : fa_ws_kernel<false, false>);

@@ -6,7 +6,7 @@
 #include <torch/extension.h>
 
 std::vector<torch::Tensor> fa_ws(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal,
-                                 double sm_scale, bool overlap) {
+                                 double sm_scale, int64_t schedule) {
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "q, k and v must be CUDA tensors");
   TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && k.scalar_type() == torch::kBFloat16 &&
                   v.scalar_type() == torch::kBFloat16,
@@ -22,7 +22,7 @@ std::vector<torch::Tensor> fa_ws(torch::Tensor q, torch::Tensor k, torch::Tensor
   const auto ptr = [](const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); };
   const float qk_scale = static_cast<float>(sm_scale * 1.4426950408889634);  // scores in log2 units
   const char* err = fa_ws_forward(ptr(q), ptr(k), ptr(v), reinterpret_cast<bf16*>(o.data_ptr()),
-                                  lse.data_ptr<float>(), BH, N, qk_scale, causal, overlap,
+                                  lse.data_ptr<float>(), BH, N, qk_scale, causal, static_cast<int>(schedule),
                                   at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, "fa_ws: ", err ? err : "");
   C10_CUDA_KERNEL_LAUNCH_CHECK();

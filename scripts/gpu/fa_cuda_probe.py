@@ -97,6 +97,7 @@ def impls() -> dict:
     return {
         "cuda-ws-plain": functools.partial(fa_ws.attention, schedule="plain"),
         "cuda-ws-overlap": functools.partial(fa_ws.attention, schedule="overlap"),
+        "cuda-ws-persistent": functools.partial(fa_ws.attention, schedule="persistent"),
         "course": fa.attention,
         **sdpa_impls(),
     }
@@ -109,6 +110,7 @@ def timings(out_path: str | None) -> None:
         ("ws/cudnn", "cuda-ws-plain", "sdpa-cudnn"),
         ("ws/course", "cuda-ws-plain", "course"),
         ("overlap/plain", "cuda-ws-overlap", "cuda-ws-plain"),
+        ("pers/plain", "cuda-ws-persistent", "cuda-ws-plain"),
     ]
     forward_timings(impls(), ratios, "flash_attention_cuda_ws",
                     lambda name: name.startswith("cuda-ws"), out_path)  # fmt: skip
