@@ -211,6 +211,7 @@ class _Plan(NamedTuple):
     b_t: bool
     sms: int = 0  # TMA: programs of the persistent grid, one per SM
     compiled: object = None  # the compiled kernel, launched directly once chosen
+    pitch_b: bool = False  # copy B first into rows that start every 128 bytes (``pitched``)
 
 
 _PLANS: dict[tuple, _Plan] = {}  # the chosen plan per case (see matmul's key)
@@ -240,6 +241,50 @@ def _tma_layout(t: torch.Tensor, stride0: int, stride1: int) -> bool | None:
     return None
 
 
+# B's rows (of its contiguous dimension) at a pitch that is not a multiple of 128 bytes cost both
+# kernels 30-40% on an H100 at 4000 x 3000 x 5000 (K = 5000, N = 3000: rows of 6,000 bytes): with
+# B's rows padded to 128-byte multiples the TMA kernel went from 0.70x to 0.98x cuBLAS. A padded
+# copy of B costs a read and a write of B, which pays only when M is large; from this many rows of A
+# on, the tuner also times every large tile with a padded copy of B made on each call, and keeps it
+# only if it wins (results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-matmul-pitch.txt).
+PITCH_BYTES = 128
+PITCH_MIN_ROWS = 2048
+
+
+def _row_pitch(t: torch.Tensor) -> int | None:
+    """Elements between the starts of consecutive rows of ``t``'s contiguous dimension (its
+    leading dimension), or None when neither dimension has unit stride."""
+    s0, s1 = t.stride()
+    if s1 == 1:
+        return s0
+    return s1 if s0 == 1 else None
+
+
+def _pitched_layout(t: torch.Tensor) -> tuple[bool, int]:
+    """(whether ``t`` is column-contiguous, the padded pitch in elements) of ``pitched(t)``."""
+    transposed = t.stride(1) != 1 and t.stride(0) == 1
+    cols = t.shape[0] if transposed else t.shape[1]
+    per = PITCH_BYTES // t.element_size()
+    return transposed, -(-cols // per) * per
+
+
+def pitched(t: torch.Tensor) -> torch.Tensor:
+    """A copy of 2-D ``t`` with the same values and orientation (row- or column-contiguous)
+    whose rows of the contiguous dimension start every ``PITCH_BYTES`` bytes (the padding is never
+    read)."""
+    transposed, pitch = _pitched_layout(t)
+    r = t.t() if transposed else t
+    out = torch.empty((r.shape[0], pitch), dtype=t.dtype, device=t.device)[:, : r.shape[1]]
+    out.copy_(r)
+    return out.t() if transposed else out
+
+
+def _pitch_may_pay(b: torch.Tensor, M: int) -> bool:
+    """Whether the tuner should also try a padded copy of B (``PITCH_MIN_ROWS``)."""
+    pitch = _row_pitch(b)
+    return M >= PITCH_MIN_ROWS and pitch is not None and pitch * b.element_size() % PITCH_BYTES != 0
+
+
 def _plain_align(N: int, K: int, strides: tuple[int, ...]) -> int:
     """ALIGN for the plain kernel: 8 when N, K and every stride other than 1 are multiples of 8."""
     if device.INTERPRET:  # the interpreter passes integers as tensors: x // 8 * 8 would apply to 1
@@ -265,6 +310,8 @@ def _launch(plan: _Plan, a, b, c, M: int, N: int, K: int, *, warmup: bool = Fals
     bm, bn, bk, stages, warps = plan.cfg
     compiled = None if warmup else plan.compiled
     tiles = -(-M // bm) * -(-N // bn)
+    if plan.pitch_b:
+        b = pitched(b)
     if plan.tma:
         grid = (min(plan.sms, tiles), 1, 1)
         a_desc = _descriptor(a, plan.a_t, (bk, bm) if plan.a_t else (bm, bk))
@@ -446,6 +493,14 @@ def _plan(key: tuple, a, b, c, M: int, N: int, K: int, persistent: bool | None) 
         plans += [_Plan(True, cfg, 1, a_t, b_t, launch.sm_count()) for cfg in configs]
     if not persistent:
         plans += [_Plan(False, cfg, align, False, False) for cfg in configs]
+    if device.GPU_MODE and _pitch_may_pay(b, M):
+        big = [cfg for cfg in configs if cfg.block_m * cfg.block_n >= 128 * 256]
+        transposed, pitch = _pitched_layout(b)
+        p_align = _plain_align(N, K, (sam, sak, *((1, pitch) if transposed else (pitch, 1))))
+        if tma_ok and persistent is not False:
+            plans += [_Plan(True, cfg, 1, a_t, b_t, launch.sm_count(), pitch_b=True) for cfg in big]
+        if not persistent:
+            plans += [_Plan(False, cfg, p_align, False, False, pitch_b=True) for cfg in big]
     plan, TIMINGS[key] = _tune(plans, a, b, c, M, N, K)
     if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
         _PLANS[key] = plan  # a choice made untimed inside a capture is not kept
@@ -474,7 +529,9 @@ def describe(a: torch.Tensor, b: torch.Tensor, *, persistent: bool | None = None
 def _plan_name(p: _Plan) -> str:
     bm, bn, bk, stages, warps = p.cfg
     kind = "TMA" if p.tma else f"plain (ALIGN {p.align})"
-    return f"{kind} {bm}x{bn}x{bk} w{warps} s{stages}"
+    return f"{kind} {bm}x{bn}x{bk} w{warps} s{stages}" + (
+        ", B copied to 128-byte rows" if p.pitch_b else ""
+    )
 
 
 COMPILE_SPECS = [

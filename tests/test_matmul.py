@@ -201,3 +201,44 @@ def test_cached_call_launches_the_chosen_kernel_directly():
     _check(_randn(100, 256, dtype=torch.float16), b)  # same case: no new plan
     assert len(matmul._PLANS) == n
     assert all(p.compiled is not None for p in matmul._PLANS.values())
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_pitched_copy_keeps_values_and_orientation(transposed):
+    # B at a pitch of 37 elements (74 bytes), row- or column-contiguous (a weight's w.t())
+    b = _randn(37, 9, dtype=torch.float16).t() if transposed else _randn(9, 37, dtype=torch.float16)
+    p = matmul.pitched(b)
+    assert torch.equal(p, b)
+    assert p.stride() == ((1, 64) if transposed else (64, 1))  # 64 fp16 elements: 128 bytes
+
+
+def test_pitch_copy_is_tried_only_where_it_can_pay():
+    t = torch.empty(8, 3000, dtype=torch.float16)  # rows of 6,000 bytes: not a multiple of 128
+    assert matmul._pitch_may_pay(t, matmul.PITCH_MIN_ROWS)
+    assert not matmul._pitch_may_pay(t, matmul.PITCH_MIN_ROWS - 1)  # too few rows of A to pay
+    assert not matmul._pitch_may_pay(torch.empty(8, 4096, dtype=torch.float16), 8192)
+    assert matmul._pitch_may_pay(torch.empty(3000, 8, dtype=torch.float16).t(), 8192)
+    assert not matmul._pitch_may_pay(torch.empty(8, 16, 2)[:, :, 0], 8192)  # no unit stride
+
+
+def _pitch_b_plans():
+    plans = [("plain", False, False)]
+    if TMA:
+        plans += [("tma", True, False), ("tma w.t()", True, True)]
+    return plans
+
+
+@pytest.mark.parametrize("name, tma, b_t", _pitch_b_plans())
+def test_plan_with_a_pitched_copy_of_b_matches_reference(name, tma, b_t):
+    # K = 520 and N = 3000: B's rows (either way round) are 16-byte aligned, not 128-byte aligned.
+    m, k, n = (256, 520, 3000) if device.GPU_MODE else (33, 40, 70)
+    dtype = torch.bfloat16 if device.GPU_MODE else torch.float16
+    a = _randn(m, k, dtype=dtype)
+    b = _randn(n, k, dtype=dtype).t() if b_t else _randn(k, n, dtype=dtype)
+    cfg = matmul._Config(128, 256, 64, 3, 8) if device.GPU_MODE else matmul._configs(m)[0]
+    sms = device.GPU_MODE and torch.cuda.get_device_properties(0).multi_processor_count
+    plan = matmul._Plan(tma, cfg, 1, False, b_t, sms or 0, pitch_b=True)
+    c = a.new_empty(m, n)
+    matmul._launch(plan, a, b, c, m, n, k)
+    assert _rel_err(c, a.float() @ b.float()) < _tol(dtype)
+    assert matmul._plan_name(plan).endswith("B copied to 128-byte rows")
