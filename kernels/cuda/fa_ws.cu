@@ -388,9 +388,12 @@ __global__ void __launch_bounds__(faws::NT, 1)
     fa_ws_persistent_kernel(const __grid_constant__ CUtensorMap map_q,
                             const __grid_constant__ CUtensorMap map_k,
                             const __grid_constant__ CUtensorMap map_v, int N, int BH, float qk_scale,
-                            bf16* __restrict__ O, float* __restrict__ lse) {
+                            bf16* __restrict__ O, float* __restrict__ lse, int* tile_counter) {
   using namespace faws;
   extern __shared__ uint8_t smem[];
+  // The block's current tile, written by the producer before it arrives on Q full (an arrive
+  // releases, a wait acquires: the consumers see it once their wait on Q full returns).
+  __shared__ int current_tile;
   const uint32_t q_tile = smem_base_1024(smem), kv = q_tile + TILE;
   const uint32_t q_full = kv + STAGES * 2 * TILE, k_full = q_full + 8, v_full = k_full + STAGES * 8,
                  empty = v_full + STAGES * 8, q_empty = empty + STAGES * 8;
@@ -429,12 +432,20 @@ __global__ void __launch_bounds__(faws::NT, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
     if (threadIdx.x == 0) {
       uint32_t g = 0;  // K/V fills so far, over all tiles
-      int it = 0;      // tiles so far
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+      for (int it = 0;; ++it) {
+        // The it-th Q load waits for the consumers' release of Q number it - 1 (they read the
+        // tile number before they start on Q, so it is free too).
+        if (it > 0) mbar_wait(q_empty, (it - 1) & 1);
+        // Tiles are handed out dynamically: the first one per block, then whichever comes next
+        // off a global counter, so a block that drew short (causal) tiles draws more of them.
+        const int t = it == 0 ? blockIdx.x : gridDim.x + atomicAdd(tile_counter, 1);
+        current_tile = t;
+        if (t >= tiles) {  // no tile left: one arrival without bytes releases the consumers
+          mbar_arrive(q_full);
+          break;
+        }
         int m0, bh, blocks;
         coords(t, m0, bh, blocks);
-        // The it-th Q load waits for the consumers' release of Q number it - 1.
-        if (it > 0) mbar_wait(q_empty, (it - 1) & 1);
         mbar_arrive_expect_tx(q_full, TILE);
         tma_load_2d(q_tile, &map_q, q_full, 0, bh * N + m0);
         tma_load_2d(q_tile + HALF, &map_q, q_full, 64, bh * N + m0);
@@ -460,8 +471,10 @@ __global__ void __launch_bounds__(faws::NT, 1)
     float o[64], sc[64], m[2], l[2], alpha[2];
     uint32_t p[BN / 16][4];
     uint32_t g = 0;
-    int it = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+    for (int it = 0;; ++it) {
+      mbar_wait(q_full, it & 1);
+      const int t = current_tile;
+      if (t >= tiles) break;
       int m0, bh, blocks;
       coords(t, m0, bh, blocks);
       const int r0 = m0 + 64 * c + 16 * warp + lane / 4;
@@ -470,7 +483,6 @@ __global__ void __launch_bounds__(faws::NT, 1)
       for (int i = 0; i < 64; ++i) o[i] = 0.f;
       m[0] = m[1] = -INFINITY;
       l[0] = l[1] = 0.f;
-      mbar_wait(q_full, it & 1);
       // One key tile: j picks the keys (and the mask), g the ring slot and its phase. After the
       // last S of the tile, Q is released to the producer.
       const auto tile = [&](int j, auto mask) {
@@ -500,8 +512,11 @@ __global__ void __launch_bounds__(faws::NT, 1)
 
 // Q, K, V, O: [BH * N, 128] row-major; lse: [BH * N]. nullptr when it launched, else what went
 // wrong. schedule: 0 plain, 1 overlap, 2 persistent (kernels/cuda/fa_ws.py's SCHEDULES, in order).
+// tile_counter: one int in global memory, zero at launch (the persistent schedule's tile counter;
+// unused by the others).
 const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* V, bf16* O, float* lse, int BH,
-                          int N, float qk_scale, bool causal, int schedule, cudaStream_t s) {
+                          int N, float qk_scale, bool causal, int schedule, int* tile_counter,
+                          cudaStream_t s) {
   using namespace faws;
   CUtensorMap map_q, map_k, map_v;
   const char* err;
@@ -516,7 +531,9 @@ const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* V, bf16* O, 
     const int tiles = HG_CEIL_DIV(N, BM) * BH;
     auto kernel = causal ? fa_ws_persistent_kernel<true> : fa_ws_persistent_kernel<false>;
     if ((err = hgemm_allow_smem(kernel, SMEM))) return err;
-    kernel<<<min(sms, tiles), NT, SMEM, s>>>(map_q, map_k, map_v, N, BH, qk_scale, O, lse);
+    if (tile_counter == nullptr) return "the persistent schedule needs a tile counter";
+    kernel<<<min(sms, tiles), NT, SMEM, s>>>(map_q, map_k, map_v, N, BH, qk_scale, O, lse,
+                                             tile_counter);
     return nullptr;
   }
   const bool overlap = schedule == 1;
