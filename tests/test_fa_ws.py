@@ -161,3 +161,10 @@ def test_unaligned_views_give_the_same_result():
     o, lse = fa_ws.attention(q, k, v, causal=True)
     o2, lse2 = fa_ws.attention(q.clone(), k.clone(), v.clone(), causal=True)
     assert torch.equal(o, o2) and torch.equal(lse, lse2)
+
+
+def test_default_schedule_is_persistent_with_the_mask_only():
+    # The H100 measurements behind it: page 4.9 and results/profiles/*-fa-persistent.txt.
+    assert fa_ws.default_schedule(True) == "persistent"
+    assert fa_ws.default_schedule(False) == "plain"
+    assert {fa_ws.default_schedule(c) for c in (True, False)} <= set(fa_ws.SCHEDULES)

@@ -6,10 +6,10 @@ tensors: ``o = softmax(q kᵀ · sm_scale) v`` in bf16 and the log-sum-exp of ev
 a producer warpgroup streams K and V tiles with TMA into a two-slot mbarrier ring, and two consumer
 warpgroups each run 64 query rows through ``wgmma`` (S = Q Kᵀ from shared memory, O += P V with P
 from registers) and the online softmax between them. Three schedules (``SCHEDULES``): "plain", the
-default; FlashAttention-3's "overlap", which measured 1-8% slower on an H100 (page 4.x
-FlashAttention, measure, says by how much and why); and "persistent", the plain one on a grid of
-one block per SM that walks over the tiles: on an H100 within 3% of plain without the mask (faster
-at 8,192 and 16,384 tokens, slower at 4,096) and 7-11% slower with it.
+default without the causal mask; FlashAttention-3's "overlap", which measured 1-8% slower on an H100
+(page 4.9, Measuring FlashAttention, says by how much and why); and "persistent", the plain one on a
+grid of one block per SM that draws tiles off a global counter: the default with the mask, where it
+measured 1.05-1.11x plain on an H100 (without it, within a few % of plain either way).
 
 Why CUDA and not Triton: Triton 3.6's automatic warp specialisation of this kernel computes the
 causal case wrongly, and splitting the query tile by hand makes each consumer partition do both
@@ -37,11 +37,12 @@ import kernels.cuda as ladder
 from kernels.cuda import hgemm_check
 
 HEAD_DIM = 128
-# "plain" (the default: the faster on an H100): each consumer waits for each of its products in
-# turn, and the two consumers run unsynchronised, so one's softmax can overlap the other's products;
-# "persistent": the plain schedule with one block per SM walking over the (query tile, head) pairs,
-# so one tile's epilogue and the next one's loads overlap (measured: -5% to +3% against plain without
-# the mask, 7-11% slower with it, where the hardware's own block scheduler balances uneven tiles better);
+# "plain" (the default without the mask): each consumer waits for each of its products in turn, and
+# the two consumers run unsynchronised, so one's softmax can overlap the other's products;
+# "persistent" (the default with the mask): the plain schedule with one block per SM drawing
+# (query tile, head) pairs off a counter, so one tile's epilogue overlaps the next one's loads and
+# blocks that drew short causal tiles draw more (a fixed stride of tiles per block measured 7-11%
+# slower than plain with the mask: the hardware's block scheduler balanced uneven tiles better);
 # "overlap": FlashAttention-3's schedule (the softmax of one key tile runs while the tensor cores do
 # the previous tile's P V, and named barriers make the two consumers take turns to issue products).
 SCHEDULES = ("plain", "overlap", "persistent")  # in the binding's order: schedule 0, 1, 2
@@ -101,17 +102,26 @@ def _check(q, k, v, sm_scale) -> float:
     return float(sm_scale)
 
 
+def default_schedule(causal: bool) -> str:
+    """ "persistent" with the causal mask (its tiles differ in length, and the tile counter balances
+    them: 1.05-1.11x plain on an H100), else "plain" (the persistent grid within a few % either
+    way, run to run)."""
+    return "persistent" if causal else "plain"
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     causal: bool = False,
     sm_scale: float | None = None,
-    schedule: str = "plain",
+    schedule: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` of attention over bf16 ``[B, H, N, 128]`` q, k, v (see the module docstring);
-    ``schedule`` is one of ``SCHEDULES``."""
+    ``schedule`` is one of ``SCHEDULES``, or None for the faster on an H100: ``default_schedule``."""
     scale = _check(q, k, v, sm_scale)
+    if schedule is None:
+        schedule = default_schedule(causal)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     reason = unavailable_reason()
