@@ -896,6 +896,21 @@ def sdpa_available(backend: str, dtype: torch.dtype = torch.bfloat16, head_dim: 
 _SIZES = {"sm_scale": "fp32", "N_Q": "i32", "N_KV": "i32"}
 
 
+def _dkdv_signature(ptr: str, dq_desc: str) -> dict:
+    """The dK/dV kernel's run-time arguments: ``ptr`` the 16-bit tensors' type, ``dq_desc`` the
+    dQ descriptor's (a pointer where it is unused, a tensor descriptor with DQ_TMA)."""
+    return {
+        **{name: ptr for name in ("q_ptr", "k_ptr", "v_ptr", "do_ptr")},
+        "lse_ptr": "*fp32",
+        "delta_ptr": "*fp32",
+        "dk_ptr": ptr,
+        "dv_ptr": ptr,
+        "dq_acc_ptr": "*fp32",
+        "dq_desc": dq_desc,
+        **_SIZES,
+    }
+
+
 def _specs(t: str, tiles: dict, options: dict, min_cc: int) -> list[dict]:
     fwd_tiles = {"BLOCK_M": tiles["fwd"][0], "BLOCK_N": tiles["fwd"][1]}
     dkdv_tiles = {"BLOCK_N": tiles["bwd"][0], "BLOCK_M": tiles["bwd"][1]}
@@ -923,19 +938,7 @@ def _specs(t: str, tiles: dict, options: dict, min_cc: int) -> list[dict]:
             *[
                 dict(
                     kernel=_attn_bwd_dkdv_kernel.fn,
-                    signature={
-                        "q_ptr": ptr,
-                        "k_ptr": ptr,
-                        "v_ptr": ptr,
-                        "do_ptr": ptr,
-                        "lse_ptr": "*fp32",
-                        "delta_ptr": "*fp32",
-                        "dk_ptr": ptr,
-                        "dv_ptr": ptr,
-                        "dq_acc_ptr": "*fp32",
-                        "dq_desc": "*fp32",
-                        **_SIZES,
-                    },  # fmt: skip
+                    signature=_dkdv_signature(ptr, "*fp32"),
                     constexprs={**meta, "ATOMIC_DQ": atomic, "DQ_TMA": False, **dkdv_tiles},
                     options=options,
                     min_cc=min_cc,
@@ -1002,22 +1005,9 @@ def _tma_spec(causal: bool) -> dict:
 
 def _dq_tma_spec(causal: bool) -> dict:
     """The atomic backward's dK/dV kernel with dQ reduced through a TMA descriptor (Hopper)."""
-    ptr = "*bf16"
     return dict(
         kernel=_attn_bwd_dkdv_kernel.fn,
-        signature={
-            "q_ptr": ptr,
-            "k_ptr": ptr,
-            "v_ptr": ptr,
-            "do_ptr": ptr,
-            "lse_ptr": "*fp32",
-            "delta_ptr": "*fp32",
-            "dk_ptr": ptr,
-            "dv_ptr": ptr,
-            "dq_acc_ptr": "*fp32",
-            "dq_desc": "tensordesc<fp32[64, 128]>",
-            **_SIZES,
-        },  # fmt: skip
+        signature=_dkdv_signature("*bf16", "tensordesc<fp32[64, 128]>"),
         constexprs={
             "HEAD_DIM": 128,
             "CAUSAL": causal,

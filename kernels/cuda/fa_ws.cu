@@ -53,6 +53,24 @@ static_assert(SMEM <= 227 * 1024, "shared memory per block");
 static_assert(BM == BN, "the masked tile is the last one");
 }  // namespace faws
 
+// The producer's copies. A 128 x 128 tile arrives as two 64-column TMA boxes (128-byte swizzled
+// rows), and its full barrier expects both boxes' bytes.
+__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t full, int row) {
+  using namespace faws;
+  mbar_arrive_expect_tx(full, TILE);
+  tma_load_2d(dst, map, full, 0, row);
+  tma_load_2d(dst + HALF, map, full, 64, row);
+}
+// Ring slot s: the K tile and the V tile of the same 128 key rows, each with its own full barrier
+// (so the scores can start before V lands).
+__device__ __forceinline__ void load_kv(uint32_t kv, uint32_t k_full, uint32_t v_full, uint32_t s,
+                                        const CUtensorMap* map_k, const CUtensorMap* map_v, int k_row) {
+  using namespace faws;
+  const uint32_t k_tile = kv + s * 2 * TILE;
+  load_tile(k_tile, map_k, k_full + 8 * s, k_row);
+  load_tile(k_tile + TILE, map_v, v_full + 8 * s, k_row);
+}
+
 // The descriptor of a 16 x 128 B operand stored N-major with the 128-byte swizzle: 16 rows of keys
 // (k) at 128 bytes each, every row 64 of the 128 columns (n), the other 64 in the box HALF bytes on.
 // PTX ISA, "Matrix Descriptor" for MN-major swizzled layouts: the leading byte offset steps from one
@@ -272,22 +290,12 @@ __global__ void __launch_bounds__(faws::NT, 1)
     // ---- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
     if (threadIdx.x == 0) {
-      const int q_row = bh * N + m0;
-      mbar_arrive_expect_tx(q_full, TILE);
-      tma_load_2d(q_tile, &map_q, q_full, 0, q_row);
-      tma_load_2d(q_tile + HALF, &map_q, q_full, 64, q_row);
+      load_tile(q_tile, &map_q, q_full, bh * N + m0);
       for (int j = 0; j < blocks; ++j) {
         const int s = j % STAGES;
         // The n-th refill of slot s waits for the consumers' release of fill n - 1.
         if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
-        const uint32_t k_tile = kv + s * 2 * TILE, v_tile = k_tile + TILE;
-        const int k_row = bh * N + j * BN;  // K and V tiles: the same 128 rows, two 64-column boxes
-        mbar_arrive_expect_tx(k_full + 8 * s, TILE);
-        tma_load_2d(k_tile, &map_k, k_full + 8 * s, 0, k_row);
-        tma_load_2d(k_tile + HALF, &map_k, k_full + 8 * s, 64, k_row);
-        mbar_arrive_expect_tx(v_full + 8 * s, TILE);
-        tma_load_2d(v_tile, &map_v, v_full + 8 * s, 0, k_row);
-        tma_load_2d(v_tile + HALF, &map_v, v_full + 8 * s, 64, k_row);
+        load_kv(kv, k_full, v_full, s, &map_k, &map_v, bh * N + j * BN);
       }
     }
   } else {
@@ -446,20 +454,11 @@ __global__ void __launch_bounds__(faws::NT, 1)
         }
         int m0, bh, blocks;
         coords(t, m0, bh, blocks);
-        mbar_arrive_expect_tx(q_full, TILE);
-        tma_load_2d(q_tile, &map_q, q_full, 0, bh * N + m0);
-        tma_load_2d(q_tile + HALF, &map_q, q_full, 64, bh * N + m0);
+        load_tile(q_tile, &map_q, q_full, bh * N + m0);
         for (int j = 0; j < blocks; ++j, ++g) {
           const uint32_t s = g % STAGES;
           if (g >= STAGES) mbar_wait(empty + 8 * s, (g / STAGES - 1) & 1);
-          const uint32_t k_tile = kv + s * 2 * TILE, v_tile = k_tile + TILE;
-          const int k_row = bh * N + j * BN;
-          mbar_arrive_expect_tx(k_full + 8 * s, TILE);
-          tma_load_2d(k_tile, &map_k, k_full + 8 * s, 0, k_row);
-          tma_load_2d(k_tile + HALF, &map_k, k_full + 8 * s, 64, k_row);
-          mbar_arrive_expect_tx(v_full + 8 * s, TILE);
-          tma_load_2d(v_tile, &map_v, v_full + 8 * s, 0, k_row);
-          tma_load_2d(v_tile + HALF, &map_v, v_full + 8 * s, 64, k_row);
+          load_kv(kv, k_full, v_full, s, &map_k, &map_v, bh * N + j * BN);
         }
       }
     }
