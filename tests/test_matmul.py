@@ -242,3 +242,26 @@ def test_plan_with_a_pitched_copy_of_b_matches_reference(name, tma, b_t):
     matmul._launch(plan, a, b, c, m, n, k)
     assert _rel_err(c, a.float() @ b.float()) < _tol(dtype)
     assert matmul._plan_name(plan).endswith("B copied to 128-byte rows")
+
+
+@pytest.mark.skipif(device.GPU_MODE, reason="CPU-only check (timings stubbed)")
+def test_tuner_charges_each_path_its_host_time(monkeypatch):
+    # Stubbed timings: the TMA tile has the faster kernel (do_bench, whose L2 flush hides host
+    # work) but costs 60 us of host per call; the plain tile's kernel takes 25 us and its host 15.
+    plain = matmul._Plan(False, matmul._Config(128, 128, 64, 4, 4), 8, False, False)
+    tma = matmul._Plan(True, matmul._Config(128, 256, 64, 3, 8), 1, False, False, 132)
+    device_ms = {plain.tma: 0.025, tma.tma: 0.020}
+    host_ms = {plain.tma: 0.015, tma.tma: 0.060}
+    monkeypatch.setattr(matmul, "TUNE", True)
+    monkeypatch.setattr(matmul.device, "INTERPRET", False)
+    monkeypatch.setattr(matmul.torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(matmul, "_compile_all", lambda plans, *a: [object() for _ in plans])
+    monkeypatch.setattr(matmul, "_launch", lambda p, *a, **k: p)
+    monkeypatch.setattr(matmul.triton.testing, "do_bench", lambda fn, **k: device_ms[fn().tma])
+    monkeypatch.setattr(matmul, "_host_ms", lambda p, *a: host_ms[p.tma])
+    best, timings = matmul._tune([tma, plain], None, None, None, 1, 1, 1)
+    assert not best.tma  # 25 us a call against 60
+    host_ms[tma.tma] = 0.010  # a host as fast as the plain path's: the faster kernel wins
+    best, _ = matmul._tune([tma, plain], None, None, None, 1, 1, 1)
+    assert best.tma
+    assert [t for _, t in timings] == [0.020, 0.025]
