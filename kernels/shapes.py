@@ -64,7 +64,9 @@ TIMING = dict(warmup_ms=10, rep_ms=40)
 @dataclass
 class Case:
     """One comparison: ``setup()`` builds the inputs and returns ``(ours, theirs)``, two
-    zero-argument callables; ``bytes`` or ``flops`` is the minimum work of one call."""
+    zero-argument callables, or ``(ours, theirs, config)`` where ``config()``, called after the
+    timing, names what ours ran (kept in the record: a case that tunes itself says what it chose);
+    ``bytes`` or ``flops`` is the minimum work of one call."""
 
     op: str
     shape: list
@@ -171,7 +173,11 @@ def _matmul_cases(mkn, dtypes) -> Iterator[Case]:
             def setup(m=m, k=k, n=n, dtype=dtype):
                 # A model's linear layer: activations [M, K] times a weight stored [N, K].
                 x, w = _randn(m, k, dtype=dtype), _randn(n, k, dtype=dtype, scale=k**-0.5)
-                return lambda: matmul.matmul(x, w.t()), lambda: torch.matmul(x, w.t())
+                return (
+                    lambda: matmul.matmul(x, w.t()),
+                    lambda: torch.matmul(x, w.t()),
+                    lambda: matmul.describe(x, w.t()),
+                )
 
             yield Case("matmul", [m, k, n], dtype, "torch.matmul (w.t())", setup,
                        flops=2 * m * k * n, roof="matmul")  # fmt: skip
@@ -322,16 +328,19 @@ def error_record(case: Case, err: BaseException) -> dict:
 def run_case(case: Case, roofs: Roofs) -> dict:
     """Time one case (ours, then the baseline) into a record; an error row if anything raises."""
     try:
-        ours, theirs = case.setup()
+        ours, theirs, *config = case.setup()
         work = dict(bytes=case.bytes, flops=case.flops)
         m = bench.measure(ours, **work, **TIMING)
         base = bench.measure(theirs, **work, **TIMING)
-        return bench.record(f"shapes/{case.op}", "triton", case.shape, case.dtype, m,
-                            baseline=(case.baseline, base), ceiling=roofs(case))  # fmt: skip
+        rec = bench.record(f"shapes/{case.op}", "triton", case.shape, case.dtype, m,
+                           baseline=(case.baseline, base), ceiling=roofs(case))  # fmt: skip
+        if config:
+            rec["config"] = config[0]()
+        return rec
     except Exception as e:  # noqa: BLE001  (any failure becomes the case's error row)
         return error_record(case, e)
     finally:
-        ours = theirs = None
+        ours = theirs = config = None
         gc.collect()
         if device.GPU_MODE:
             torch.cuda.empty_cache()
@@ -369,7 +378,7 @@ def host_records(quick: bool) -> list[dict]:
     recs = []
     for case in host_cases(quick):
         try:
-            ours, theirs = case.setup()
+            ours, theirs, *_ = case.setup()
             m, base = host_time(ours), host_time(theirs)
             recs.append(bench.record(f"shapes/{case.op}/host", "triton", case.shape, case.dtype,
                                      m, baseline=(case.baseline, base)))  # fmt: skip
