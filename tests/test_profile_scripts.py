@@ -28,8 +28,8 @@ _spec.loader.exec_module(profile_misses)
             "fa",
             [
                 "would profile: ",
-                "fwd-course-256",
-                "bwd-course-two_kernels-256",
+                "fwd-course-64",
+                "bwd-course-two_kernels-64",
                 "bwd-course-atomic_dq",
             ],
         ),
