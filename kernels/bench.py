@@ -157,6 +157,23 @@ def measure(
     return Measurement(med, p20, p80, gbps, tflops, gpu)
 
 
+def host_launch_ms(fn: Callable[[], object], calls: int = 20, rounds: int = 3) -> float:
+    """Host milliseconds per call of ``fn``: ``calls`` back-to-back calls timed with
+    ``perf_counter``, the least of ``rounds`` such loops. The GPU is not waited for inside a loop
+    (its launches queue), so this is what the host spends, not what the kernels take."""
+    times = []
+    for _ in range(rounds):
+        if device.GPU_MODE:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) * 1e3 / calls)
+    if device.GPU_MODE:
+        torch.cuda.synchronize()
+    return min(times)
+
+
 # ----------------------------------------------------------------------------- records
 
 

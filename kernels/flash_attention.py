@@ -392,16 +392,15 @@ def _dkdv_tiles(
         dk = tl.dot(ds_t, q, dk)
         if ATOMIC_DQ:  # this key tile's share of dQ = dS K, added into the fp32 dQ
             dq = tl.dot(tl.trans(ds_t), k) * sm_scale
-            dq_ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
             if DQ_TMA:
                 # One bulk reduction by the TMA unit (cp.reduce.async.bulk.tensor .add) from
                 # shared memory, instead of a red.global per element from every thread. Rows past
                 # N_Q (the next head's, or clipped at the end) get exact zeros: their dS is 0.
                 dq_desc.atomic_add([q_row0 + start_m, 0], dq)
-            elif BOUNDS:
-                tl.atomic_add(dq_ptrs, dq, mask=offs_m[:, None] < N_Q, sem="relaxed")
             else:
-                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+                dq_ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+                mask = offs_m[:, None] < N_Q if BOUNDS else None
+                tl.atomic_add(dq_ptrs, dq, mask=mask, sem="relaxed")
         offs_m += BLOCK_M
         q_ptrs += BLOCK_M * HEAD_DIM
         do_ptrs += BLOCK_M * HEAD_DIM

@@ -22,7 +22,6 @@ directly: a cached call costs a key, a lookup and the launch.
 from __future__ import annotations
 
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -73,7 +72,8 @@ def _configs(rows: int) -> list[_Config]:
             (128, 128, 128, 3, 8),
             (64, 64, 64, 4, 4),
             # Five stages for few tiles (M = 512: 128 x 128 tiles are one wave on an H100): 496-713
-            # TFLOP/s where the 4-stage tile made 457-653 (results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-matmul-pitch.txt).
+            # TFLOP/s where the 4-stage tile made 457-653
+            # (results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-matmul-pitch.txt).
             (128, 128, 64, 5, 4),
         ]
     return [_Config(*s) for s in shapes if s[0] <= max(16, launch.next_power_of_2(rows))]
@@ -255,38 +255,41 @@ PITCH_BYTES = 128
 PITCH_MIN_ROWS = 2048
 
 
-def _row_pitch(t: torch.Tensor) -> int | None:
-    """Elements between the starts of consecutive rows of ``t``'s contiguous dimension (its
-    leading dimension), or None when neither dimension has unit stride."""
+def _leading(t: torch.Tensor) -> tuple[bool, int] | None:
+    """(whether 2-D ``t`` is column-contiguous, the elements between the starts of the rows of its
+    contiguous dimension), or None when neither dimension has unit stride."""
     s0, s1 = t.stride()
     if s1 == 1:
-        return s0
-    return s1 if s0 == 1 else None
+        return False, s0
+    return (True, s1) if s0 == 1 else None
 
 
-def _pitched_layout(t: torch.Tensor) -> tuple[bool, int]:
-    """(whether ``t`` is column-contiguous, the padded pitch in elements) of ``pitched(t)``."""
-    transposed = t.stride(1) != 1 and t.stride(0) == 1
-    cols = t.shape[0] if transposed else t.shape[1]
+def _padded(n: int, t: torch.Tensor) -> int:
+    """``n`` elements of ``t``'s dtype rounded up to a multiple of ``PITCH_BYTES``."""
     per = PITCH_BYTES // t.element_size()
-    return transposed, -(-cols // per) * per
+    return -(-n // per) * per
 
 
 def pitched(t: torch.Tensor) -> torch.Tensor:
     """A copy of 2-D ``t`` with the same values and orientation (row- or column-contiguous)
     whose rows of the contiguous dimension start every ``PITCH_BYTES`` bytes (the padding is never
     read)."""
-    transposed, pitch = _pitched_layout(t)
+    transposed = (_leading(t) or (False, 0))[0]
     r = t.t() if transposed else t
-    out = torch.empty((r.shape[0], pitch), dtype=t.dtype, device=t.device)[:, : r.shape[1]]
+    out = torch.empty((r.shape[0], _padded(r.shape[1], t)), dtype=t.dtype, device=t.device)
+    out = out[:, : r.shape[1]]
     out.copy_(r)
     return out.t() if transposed else out
 
 
 def _pitch_may_pay(b: torch.Tensor, M: int) -> bool:
     """Whether the tuner should also try a padded copy of B (``PITCH_MIN_ROWS``)."""
-    pitch = _row_pitch(b)
-    return M >= PITCH_MIN_ROWS and pitch is not None and pitch * b.element_size() % PITCH_BYTES != 0
+    layout = _leading(b)
+    return (
+        M >= PITCH_MIN_ROWS
+        and layout is not None
+        and layout[1] * b.element_size() % PITCH_BYTES != 0
+    )
 
 
 def _plain_align(N: int, K: int, strides: tuple[int, ...]) -> int:
@@ -383,18 +386,9 @@ def _tune(plans: list[_Plan], a, b, c, M: int, N: int, K: int) -> tuple[_Plan, l
     return ok[best], list(zip(ok, times))
 
 
-def _host_ms(plan: _Plan, a, b, c, M: int, N: int, K: int, calls: int = 20) -> float:
-    """Host milliseconds per call of ``plan``'s launch path, the least of three rounds of ``calls``
-    back-to-back launches (they queue on the GPU without waiting for it)."""
-    rounds = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            _launch(plan, a, b, c, M, N, K)
-        rounds.append((time.perf_counter() - t0) * 1e3 / calls)
-    torch.cuda.synchronize()
-    return min(rounds)
+def _host_ms(plan: _Plan, a, b, c, M: int, N: int, K: int) -> float:
+    """Host milliseconds per call of ``plan``'s launch path (``bench.host_launch_ms``)."""
+    return bench.host_launch_ms(lambda: _launch(plan, a, b, c, M, N, K))
 
 
 def _compile_all(plans: list[_Plan], a, b, c, M: int, N: int, K: int) -> list:
@@ -522,7 +516,8 @@ def _plan(key: tuple, a, b, c, M: int, N: int, K: int, persistent: bool | None) 
         plans += [_Plan(False, cfg, align, False, False) for cfg in configs]
     if device.GPU_MODE and _pitch_may_pay(b, M):
         big = [cfg for cfg in configs if cfg.block_m * cfg.block_n >= 128 * 256]
-        transposed, pitch = _pitched_layout(b)
+        transposed = _leading(b)[0]  # B[K, N], or B^T's rows of K contiguous
+        pitch = _padded(K if transposed else N, b)
         p_align = _plain_align(N, K, (sam, sak, *((1, pitch) if transposed else (pitch, 1))))
         if tma_ok and persistent is not False:
             plans += [_Plan(True, cfg, 1, a_t, b_t, launch.sm_count(), pitch_b=True) for cfg in big]

@@ -126,3 +126,17 @@ def test_device_only_keeps_the_host_launch_cost_out(flush_l2):
     if not flush_l2:
         with_host = bench.measure(slow_host, flush_l2=False, rep_ms=20)
         assert with_host.ms > 0.15, with_host
+
+
+def test_host_launch_ms_times_back_to_back_calls():
+    calls = []
+
+    def fn():
+        calls.append(1)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 1e-4:  # 0.1 ms of host work per call
+            pass
+
+    ms = bench.host_launch_ms(fn, calls=5, rounds=2)
+    assert len(calls) == 10
+    assert 0.1 <= ms < 5.0
