@@ -111,20 +111,22 @@ def test_device_only_keeps_the_host_launch_cost_out(flush_l2):
     # first launch never reached the events (4.8 µs measured), while on the H100 it did.
     x = torch.zeros(1024, device=device.DEVICE)
 
-    def slow_host():
+    def slow_host(wait_for_gpu):
         x.add_(1)
-        # A stream query makes the driver submit the first kernel now: some drivers hold a launch
-        # until the next one (an H100 host, 2026-11-27: 5.9 µs measured with the host's 300 µs).
-        torch.cuda.current_stream().query()
+        if wait_for_gpu:
+            # The start event and the first kernel reach the GPU before the host work begins. A
+            # stream query was not enough: on one H100 host (2026-11-27, eighth session) the driver
+            # still held the first launch back until the second, and the events saw 5.9 µs.
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 300e-6:
             pass
         x.add_(1)
 
-    alone = bench.measure(slow_host, flush_l2=flush_l2, device_only=True, rep_ms=20)
+    alone = bench.measure(lambda: slow_host(False), flush_l2=flush_l2, device_only=True, rep_ms=20)
     assert alone.ms < 0.05, alone
     if not flush_l2:
-        with_host = bench.measure(slow_host, flush_l2=False, rep_ms=20)
+        with_host = bench.measure(lambda: slow_host(True), flush_l2=False, rep_ms=20)
         assert with_host.ms > 0.15, with_host
 
 
