@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
   const int first = CAUSAL ? key0 / BM : 0, steps = HG_CEIL_DIV(N, BM) - first;
 
   if (threadIdx.x == 0) {
-    mbar_init(kv_full, 1);
+    mbar_init(kv_full, 2);  // the K tile's arrival and the V tile's
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(q_full + 8 * s, 1);
@@ -184,19 +184,16 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
     // ---- producer: K and V once, then Q and dO tile by tile through the ring
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
     if (threadIdx.x == 0) {
-      const int kv_row = bh * N + key0;
-      mbar_arrive_expect_tx(kv_full, 2 * KV_TILE);
-      tma_load_2d(k_tile, &map_k, kv_full, 0, kv_row);
-      tma_load_2d(k_tile + KV_HALF, &map_k, kv_full, 64, kv_row);
-      tma_load_2d(v_tile, &map_v, kv_full, 0, kv_row);
-      tma_load_2d(v_tile + KV_HALF, &map_v, kv_full, 64, kv_row);
+      // K and V on one barrier: two arrivals (one per tile) and their bytes.
+      load_tile(k_tile, &map_k, kv_full, bh * N + key0, KV_HALF);
+      load_tile(v_tile, &map_v, kv_full, bh * N + key0, KV_HALF);
       for (int i = 0; i < steps; ++i) {
         const int s = i % STAGES;
         if (i >= STAGES) mbar_wait(empty + 8 * s, (i / STAGES - 1) & 1);
         const uint32_t q_slot = ring + s * 2 * Q_TILE, do_slot = q_slot + Q_TILE;
         const int q_row = bh * N + (first + i) * BM;
-        load_tile(q_slot, &map_q, q_full + 8 * s, q_row);  // two 64-column boxes of 64 rows
-        load_tile(do_slot, &map_do, do_full + 8 * s, q_row);
+        load_tile(q_slot, &map_q, q_full + 8 * s, q_row, Q_HALF);  // two boxes of 64 rows
+        load_tile(do_slot, &map_do, do_full + 8 * s, q_row, Q_HALF);
       }
     }
   } else {
