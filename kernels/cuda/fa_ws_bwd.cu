@@ -272,13 +272,15 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       wgmma_wait<0>();  // dV's product read the packed P: now a may be overwritten
       fence_operands(dv);
       pack_a(a, y);
-      // dK_c += dS^T Q
-      issue_keys_by_d(dk, a, q_slot);
-      // dS^T to shared memory, once the other consumer's previous dQ product is done with it.
+      // dS^T to shared memory, once the other consumer's previous dQ product is done with it, and
+      // before the dK product takes a as its operand (registers an in-flight wgmma reads may not
+      // be accessed until it is waited for).
       named_sync_n(1, 256);
       store_ds(ds_tile, a, me);
       fence_async_smem();
-      named_sync_n(2, 256);
+      // dK_c += dS^T Q
+      issue_keys_by_d(dk, a, q_slot);
+      named_sync_n(2, 256);  // both consumers' dS^T are in shared memory
       wgmma_wait<0>();
       fence_operands(dk);
       if (me.lane == 0) mbar_arrive(empty + 8 * s);  // Q and dO of this slot are no longer read
