@@ -1,5 +1,5 @@
 """kernels.cuda.fa_ws_bwd: the warp-specialised FlashAttention backward in CUDA C++ (a first
-version, on branch fa-ws-bwd).
+version).
 
 On a CPU with nvcc the kernels are compiled for sm_90a and their instructions checked: the five
 products on the tensor cores (three m64n64, two m64n128 with A from registers), dQ by TMA
@@ -33,7 +33,7 @@ def test_compiles_for_sm90a_into_its_instructions(compiled):
     assert compiled.ptxas["registers"] <= 168  # the cap at entry that lets setmaxnreg work
     if not compiled.sass:
         pytest.skip("no cuobjdump to disassemble with")
-    kernels = {n: s for n, s in hgemm_check.sass_by_kernel(compiled.sass).items() if "bwd" in n}
+    kernels = {n: s for n, s in hgemm_check.sass_by_kernel(compiled.sass).items() if "bwd_kernelILb" in n}
     assert len(kernels) == 2  # causal or not
     for name, sass in kernels.items():
         small = re.findall(r"HGMMA\.64x64x16\.F32\.BF16 ([^;]*);", sass)
@@ -71,7 +71,10 @@ def test_gradients_match_fp32_reference(b, h, n, causal):
     grads = fa_ws_bwd.backward(q, k, v, o, lse, do, causal=causal)
     for name, got, want in zip("qkv", grads, _reference(q, k, v, do, causal)):
         assert got.shape == want.shape and got.dtype == BF16, name
-        err = ((got.float() - want).norm() / want.norm().clamp_min(1e-6)).item()
+        # Relative to the gradient's size, or to an rms of 1e-3 where it is zero: with one token
+        # P = 1 and dS = dP - delta = 0, so dQ and dK are rounding noise (rms 0.05-0.2 elsewhere).
+        scale = max(want.norm().item(), 1e-3 * want.numel() ** 0.5)
+        err = (got.float() - want).norm().item() / scale
         assert err < 2e-2, (name, err)
 
 

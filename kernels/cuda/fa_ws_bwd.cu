@@ -34,7 +34,8 @@ constexpr int KV_TILE = 2 * KV_HALF;   // all 128 columns: 32 KB
 constexpr int Q_HALF = 64 * 64 * 2;    // one TMA box of Q or dO: 64 rows x 64 bf16 = 8 KB
 constexpr int Q_TILE = 2 * Q_HALF;     // 16 KB
 constexpr int DS_TILE = BN * BM * 2;   // dS^T, 128 keys x 64 queries bf16: 16 KB (128-byte rows)
-constexpr int DQ_HALF = BM * 64 * 4;   // one consumer's dQ staging: 64 queries x 64 fp32 = 16 KB
+constexpr int DQ_HALF = BM * 64 * 4;   // one consumer's dQ staging: 64 queries x 64 fp32 = 16 KB,
+constexpr int DQ_BOX = BM * 32 * 4;    // as two TMA boxes of 32 columns (128-byte swizzled rows)
 // K, V; per stage Q and dO; dS^T; dQ staging for both consumers; 1 KB of alignment slack; the
 // barriers: K/V full, then per stage Q full, dO full and empty.
 constexpr int SMEM = 2 * KV_TILE + STAGES * 2 * Q_TILE + DS_TILE + 2 * DQ_HALF + 1024 + (1 + 3 * STAGES) * 8;
@@ -220,9 +221,12 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       const uint32_t parity = (i / STAGES) & 1;
       const uint32_t q_slot = ring + s * 2 * Q_TILE, do_slot = q_slot + Q_TILE;
       const int q0 = (first + i) * BM;
-      // S^T = K_c Q^T; meanwhile this thread's lse and delta (16 query columns each).
+      // S^T = K_c Q^T and dP^T = V_c dO^T issued back to back; meanwhile this thread's lse and
+      // delta (16 query columns each).
       mbar_wait(q_full + 8 * s, parity);
       issue_keys_by_queries(x, k_rows, q_slot);
+      mbar_wait(do_full + 8 * s, parity);
+      issue_keys_by_queries(y, v_rows, do_slot);
       float lse_q[16], delta_q[16];
 #pragma unroll
       for (int jj = 0; jj < BM / 8; ++jj)
@@ -233,11 +237,8 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
           lse_q[2 * jj + e] = ok ? lse[static_cast<int64_t>(bh) * N + q] : 0.f;
           delta_q[2 * jj + e] = ok ? delta[static_cast<int64_t>(bh) * N + q] : 0.f;
         }
-      wgmma_wait<0>();
+      wgmma_wait<1>();  // S^T is done; dP^T may still run while P is computed
       fence_operands(x);
-      // dP^T = V_c dO^T, issued before P is computed so the two overlap.
-      mbar_wait(do_full + 8 * s, parity);
-      issue_keys_by_queries(y, v_rows, do_slot);
       // P^T = exp2(S^T * scale - lse), 0 where the key is past N, the query past N, or (causal)
       // the key after the query.
       const bool edge = q0 + BM > N || key0 + BN > N || (CAUSAL && q0 < key0 + BN);
@@ -278,14 +279,11 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       named_sync_n(1, 256);
       store_ds(ds_tile, a, me);
       fence_async_smem();
-      // dK_c += dS^T Q
+      // dK_c += dS^T Q, then (both consumers' dS^T in shared memory) dQ[:, 64c .. 64c + 63] =
+      // dS K_{:, 64c ..} into x (P is dead): A = dS^T stored key-major (MN-major A), B = the K box
+      // c, d contiguous (MN-major B); 8 k16 slices of 16 keys. One wait for both.
       issue_keys_by_d(dk, a, q_slot);
-      named_sync_n(2, 256);  // both consumers' dS^T are in shared memory
-      wgmma_wait<0>();
-      fence_operands(dk);
-      if (me.lane == 0) mbar_arrive(empty + 8 * s);  // Q and dO of this slot are no longer read
-      // dQ[:, 64c .. 64c + 63] = dS K_{:, 64c ..}: A = dS^T stored key-major (MN-major A), B = the
-      // K box c, d contiguous (MN-major B); 8 k16 slices of 16 keys.
+      named_sync_n(2, 256);
       wgmma_fence();
       fence_operands(x);
 #pragma unroll
@@ -294,17 +292,22 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
                                  desc_mn(k_tile + c * KV_HALF + t * 16 * 128, KV_HALF), t == 0);
       wgmma_commit();
       wgmma_wait<0>();
+      fence_operands(dk);
       fence_operands(x);
+      if (me.lane == 0) mbar_arrive(empty + 8 * s);  // Q and dO of this slot are no longer read
       // This consumer's staging tile is free once its previous reduction has read it.
       const uint32_t stage = dq_stage + c * DQ_HALF;
       if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
       named_sync_n(3 + c, 128);
+      // Two boxes of 32 columns in 128-byte swizzled rows (a plain 256-byte row put the eight rows
+      // a warp stores in the same banks: eight-way conflicts).
       const int qr = 16 * me.warp + me.lane / 4;
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t addr = stage + ((qr + 8 * h) * 64 + 8 * jj + 2 * (me.lane % 4)) * 4;
+          const int row = qr + 8 * h, byte = 32 * (jj % 4) + 8 * (me.lane % 4);
+          const uint32_t addr = stage + (jj / 4) * DQ_BOX + swizzle_128b(row, byte / 16) + byte % 16;
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x[4 * jj + 2 * h]),
                        "f"(x[4 * jj + 2 * h + 1])
                        : "memory");
@@ -312,11 +315,14 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       fence_async_smem();
       named_sync_n(3 + c, 128);
       if (threadIdx.x % 128 == 0) {
-        asm volatile(
-            "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n"
-            "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(&map_dq)),
-            "r"(64 * c), "r"(bh * N + q0), "r"(stage)
-            : "memory");
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          asm volatile(
+              "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n"
+              ::"l"(reinterpret_cast<uint64_t>(&map_dq)), "r"(64 * c + 32 * half), "r"(bh * N + q0),
+              "r"(stage + half * DQ_BOX)
+              : "memory");
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
       }
     }
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
@@ -338,25 +344,60 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
   }
 }
 
-// The fp32 dQ as a TMA target of 64 x 64 tiles (no swizzle: the staging tile is plain row-major).
+// The fp32 dQ as a TMA target of 64-row x 32-column boxes, 128-byte swizzled like the staging tile.
 static const char* fabwd_dq_map(CUtensorMap* map, float* dq, int rows) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = hgemm_encode_tiled();
   if (encode == nullptr) return "cuTensorMapEncodeTiled not found";
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(fabwd::D), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {fabwd::D * sizeof(float)};
-  const cuuint32_t box[2] = {64, fabwd::BM};
+  const cuuint32_t box[2] = {32, fabwd::BM};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult rc = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, dq, dims, strides, box, elem_strides,
-                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return rc == CUDA_SUCCESS ? nullptr : "cuTensorMapEncodeTiled rejected the dQ tensor map";
 }
 
-// Q, K, V, dO, dK, dV: [BH * N, 128] bf16 row-major; lse, delta: [BH * N] fp32; dq: [BH * N, 128]
-// fp32, zero on entry (the products are added into it). nullptr when it launched.
-const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf16* dO, const float* lse,
-                           const float* delta, float* dq, bf16* dK, bf16* dV, int BH, int N, float qk_scale,
-                           float sm_scale, bool causal, cudaStream_t s) {
+// Before the main kernel: delta_i = sum_d dO_id O_id in fp32 (the row term of dS = P (dP - delta))
+// and that row of the fp32 dQ accumulator zeroed, one warp per row (one read of O and dO, one write
+// of the accumulator; the torch expression it replaces made six passes over fp32 copies).
+__global__ void fa_ws_bwd_prep_kernel(const bf16* __restrict__ O, const bf16* __restrict__ dO,
+                                      float* __restrict__ delta, float* __restrict__ dq_acc, int rows) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int64_t at = static_cast<int64_t>(row) * fabwd::D + 4 * lane;  // 4 of the 128 columns
+  const uint2 o = *reinterpret_cast<const uint2*>(O + at), g = *reinterpret_cast<const uint2*>(dO + at);
+  const float2 o0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.x)),
+               o1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.y)),
+               g0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.x)),
+               g1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.y));
+  float sum = o0.x * g0.x + o0.y * g0.y + o1.x * g1.x + o1.y * g1.y;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) delta[row] = sum;
+  *reinterpret_cast<float4*>(dq_acc + at) = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// After it: dQ = sm_scale * the accumulator (dS carries no factor of sm_scale), rounded once to
+// bf16, eight elements per thread.
+__global__ void fa_ws_bwd_dq_kernel(const float* __restrict__ dq_acc, bf16* __restrict__ dQ, int64_t n8,
+                                    float sm_scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 a = *reinterpret_cast<const float4*>(dq_acc + 8 * i),
+                 b = *reinterpret_cast<const float4*>(dq_acc + 8 * i + 4);
+    const uint4 out = {pack_bf16(a.x * sm_scale, a.y * sm_scale), pack_bf16(a.z * sm_scale, a.w * sm_scale),
+                       pack_bf16(b.x * sm_scale, b.y * sm_scale), pack_bf16(b.z * sm_scale, b.w * sm_scale)};
+    *reinterpret_cast<uint4*>(dQ + 8 * i) = out;
+  }
+}
+
+// Q, K, V, O, dO, dQ, dK, dV: [BH * N, 128] bf16 row-major; lse: [BH * N] fp32 (log2 units, from the
+// forward); delta [BH * N] and dq_acc [BH * N, 128]: fp32 workspaces. Three launches on stream s:
+// prep, the backward, the dQ conversion. nullptr when they launched.
+const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf16* O, const bf16* dO,
+                           const float* lse, float* delta, float* dq_acc, bf16* dQ, bf16* dK, bf16* dV,
+                           int BH, int N, float qk_scale, float sm_scale, bool causal, cudaStream_t s) {
   using namespace fabwd;
   CUtensorMap map_q, map_k, map_v, map_do, map_dq;
   const char* err;
@@ -364,11 +405,16 @@ const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf
   if ((err = hgemm_tensor_map(&map_do, dO, BH * N, D, BM))) return err;
   if ((err = hgemm_tensor_map(&map_k, K, BH * N, D, BN))) return err;
   if ((err = hgemm_tensor_map(&map_v, V, BH * N, D, BN))) return err;
-  if ((err = fabwd_dq_map(&map_dq, dq, BH * N))) return err;
+  if ((err = fabwd_dq_map(&map_dq, dq_acc, BH * N))) return err;
   auto kernel = causal ? fa_ws_bwd_kernel<true> : fa_ws_bwd_kernel<false>;
   if ((err = hgemm_allow_smem(kernel, SMEM))) return err;
+  const int rows = BH * N;
+  fa_ws_bwd_prep_kernel<<<HG_CEIL_DIV(rows, 8), 256, 0, s>>>(O, dO, delta, dq_acc, rows);
   const dim3 grid(HG_CEIL_DIV(N, BN), BH);
   kernel<<<grid, NT, SMEM, s>>>(map_q, map_k, map_v, map_do, map_dq, lse, delta, dK, dV, N, qk_scale,
                                 sm_scale);
+  const int64_t n8 = static_cast<int64_t>(rows) * D / 8;
+  const int64_t blocks = HG_CEIL_DIV(n8, 256);
+  fa_ws_bwd_dq_kernel<<<static_cast<int>(blocks < 4096 ? blocks : 4096), 256, 0, s>>>(dq_acc, dQ, n8, sm_scale);
   return nullptr;
 }

@@ -18,21 +18,20 @@ std::vector<torch::Tensor> fa_ws_bwd(torch::Tensor q, torch::Tensor k, torch::Te
               "lse must be a contiguous fp32 [B, H, N] CUDA tensor");
   const c10::cuda::OptionalCUDAGuard guard(q.device());
   const int BH = q.size(0) * q.size(1), N = q.size(2);
-  // delta_i = sum_d dO_id O_id, the row term of dS = P (dP - delta).
-  auto delta = (dout.to(torch::kFloat32) * o.to(torch::kFloat32)).sum(-1).contiguous();
-  auto dq_acc = torch::zeros({static_cast<int64_t>(BH) * N, fabwd::D}, q.options().dtype(torch::kFloat32));
+  auto f32 = q.options().dtype(torch::kFloat32);
+  auto delta = torch::empty({static_cast<int64_t>(BH) * N}, f32);
+  auto dq_acc = torch::empty({static_cast<int64_t>(BH) * N, fabwd::D}, f32);
+  auto dq = torch::empty_like(q);
   auto dk = torch::empty_like(k);
   auto dv = torch::empty_like(v);
-  const auto ptr = [](const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); };
+  const auto in = [](const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); };
+  const auto out = [](torch::Tensor& t) { return reinterpret_cast<bf16*>(t.data_ptr()); };
   const float qk_scale = static_cast<float>(sm_scale * 1.4426950408889634);  // scores in log2 units
-  const char* err = fa_ws_backward(ptr(q), ptr(k), ptr(v), ptr(dout), lse.data_ptr<float>(),
-                                   delta.data_ptr<float>(), dq_acc.data_ptr<float>(),
-                                   reinterpret_cast<bf16*>(dk.data_ptr()), reinterpret_cast<bf16*>(dv.data_ptr()),
-                                   BH, N, qk_scale, static_cast<float>(sm_scale), causal,
+  const char* err = fa_ws_backward(in(q), in(k), in(v), in(o), in(dout), lse.data_ptr<float>(),
+                                   delta.data_ptr<float>(), dq_acc.data_ptr<float>(), out(dq), out(dk),
+                                   out(dv), BH, N, qk_scale, static_cast<float>(sm_scale), causal,
                                    at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, "fa_ws_bwd: ", err ? err : "");
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  // dS carries no factor of sm_scale yet: dQ = sm_scale dS K, rounded once to bf16.
-  auto dq = (dq_acc * sm_scale).to(torch::kBFloat16).view(q.sizes());
   return {dq, dk, dv};
 }
