@@ -1,5 +1,4 @@
-"""kernels.cuda.fa_ws_bwd: the warp-specialised FlashAttention backward in CUDA C++ (a first
-version).
+"""kernels.cuda.fa_ws_bwd: the warp-specialised FlashAttention backward in CUDA C++.
 
 On a CPU with nvcc the kernels are compiled for sm_90a and their instructions checked: the five
 products on the tensor cores (three m64n64, two m64n128 with A from registers), dQ by TMA
@@ -33,7 +32,9 @@ def test_compiles_for_sm90a_into_its_instructions(compiled):
     assert compiled.ptxas["registers"] <= 168  # the cap at entry that lets setmaxnreg work
     if not compiled.sass:
         pytest.skip("no cuobjdump to disassemble with")
-    kernels = {n: s for n, s in hgemm_check.sass_by_kernel(compiled.sass).items() if "bwd_kernelILb" in n}
+    kernels = {
+        n: s for n, s in hgemm_check.sass_by_kernel(compiled.sass).items() if "bwd_kernelILb" in n
+    }
     assert len(kernels) == 2  # causal or not
     for name, sass in kernels.items():
         small = re.findall(r"HGMMA\.64x64x16\.F32\.BF16 ([^;]*);", sass)
@@ -91,6 +92,22 @@ def test_matches_the_triton_backward():
         triton = fa._backward(q, k, v, o, lse, do, causal, 1 / math.sqrt(128))
         for a, b in zip(ours, triton):
             torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (sm_90a) and nvcc")
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_is_differentiable(causal):
+    # Through autograd, with a gradient that is not contiguous (the transpose of a weight's).
+    g = torch.Generator(device=device.DEVICE).manual_seed(3)
+    q, k, v = (torch.randn(1, 3, 200, 128, generator=g, device=device.DEVICE, dtype=BF16)
+               for _ in range(3))  # fmt: skip
+    w = torch.randn(1, 3, 128, 200, generator=g, device=device.DEVICE, dtype=BF16).transpose(-1, -2)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    (fa_ws_bwd.attention(*leaves, causal=causal).float() * w.float()).sum().backward()
+    want = _reference(q, k, v, w, causal)
+    for name, got, ref in zip("qkv", (t.grad for t in leaves), want):
+        err = (got.float() - ref).norm().item() / ref.norm().item()
+        assert err < 2e-2, (name, err)
 
 
 def test_rejects_bad_input():

@@ -1,7 +1,6 @@
 // FlashAttention backward with warp specialisation (FlashAttention-3's design), on the machinery of
 // the forward (fa_ws.cu, built after it: the TMA loads, the N-major V descriptor, the register-A
-// wgmma, exp2_ftz and pack_bf16 come from there). sm_90a only. FIRST VERSION: compiled for sm_90a
-// on a machine without a GPU, never run.
+// wgmma, exp2_ftz and pack_bf16 come from there). sm_90a only.
 //
 // One block per 128 keys of one (batch, head); it keeps K and V of those keys in shared memory for
 // the whole loop and walks over the query tiles (64 queries per step), streamed by TMA through a
