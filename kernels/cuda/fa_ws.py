@@ -7,7 +7,7 @@ a producer warpgroup streams K and V tiles with TMA into a two-slot mbarrier rin
 warpgroups each run 64 query rows through ``wgmma`` (S = Q Kᵀ from shared memory, O += P V with P
 from registers) and the online softmax between them. Three schedules (``SCHEDULES``): "plain", the
 default without the causal mask; FlashAttention-3's "overlap", which measured 1-8% slower on an H100
-(page 4.9, Measuring FlashAttention, says by how much and why); and "persistent", the plain one on a
+(page 4.12, FlashAttention-3 in CUDA, says by how much and why); and "persistent", the plain one on a
 grid of one block per SM that draws tiles off a global counter: the default with the mask, where it
 measured 1.05-1.11x plain on an H100 (without it, within a few % of plain either way).
 
