@@ -32,7 +32,7 @@ to fp16/bf16 at the end. The sum's order then changes from run to run: dQ is not
 On Hopper the adds go out as TMA bulk reductions (``tensor_descriptor.atomic_add``), elsewhere as
 ``tl.atomic_add``. Measured on an H100 at 8,192 tokens it is not faster: the extra matmul and the
 dQ tile push the key-tile kernel past 255 registers into spills, and it takes 6,950 µs where the
-two kernels take 3,951 + 2,638 (scripts/gpu/fa_bwd_tiles.py; page 4.9 has the numbers).
+two kernels take 3,951 + 2,638 (scripts/gpu/fa_bwd_tiles.py; page 4.12 has the numbers).
 
 ``naive_attention`` is the textbook version that materialises the scores (for the chapter's memory
 and speed comparison) and ``attention_ref`` the fp32 reference.

@@ -164,6 +164,6 @@ def test_unaligned_views_give_the_same_result():
 
 
 def test_default_schedule_is_persistent_with_the_mask_only():
-    # The H100 measurements behind it: page 4.9 and results/profiles/*-fa-persistent.txt.
+    # The H100 measurements behind it: page 4.12 and results/profiles/*-fa-persistent.txt.
     assert fa_ws.default_schedule(True) == "persistent"
     assert fa_ws.default_schedule(False) == "plain"

@@ -53,13 +53,13 @@ static_assert(SMEM <= 227 * 1024, "shared memory per block");
 static_assert(BM == BN, "the masked tile is the last one");
 }  // namespace faws
 
-// The producer's copies. A 128 x 128 tile arrives as two 64-column TMA boxes (128-byte swizzled
-// rows), and its full barrier expects both boxes' bytes.
-__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t full, int row) {
-  using namespace faws;
-  mbar_arrive_expect_tx(full, TILE);
+// The producer's copies. A tile of 128 columns arrives as two 64-column TMA boxes (128-byte
+// swizzled rows) of `half` bytes each (a 128-row box by default), and its full barrier expects both.
+__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t full, int row,
+                                          uint32_t half = faws::HALF) {
+  mbar_arrive_expect_tx(full, 2 * half);
   tma_load_2d(dst, map, full, 0, row);
-  tma_load_2d(dst + HALF, map, full, 64, row);
+  tma_load_2d(dst + half, map, full, 64, row);
 }
 // Ring slot s: the K tile and the V tile of the same 128 key rows, each with its own full barrier
 // (so the scores can start before V lands).

@@ -7,7 +7,7 @@ a producer warpgroup streams K and V tiles with TMA into a two-slot mbarrier rin
 warpgroups each run 64 query rows through ``wgmma`` (S = Q Kᵀ from shared memory, O += P V with P
 from registers) and the online softmax between them. Three schedules (``SCHEDULES``): "plain", the
 default without the causal mask; FlashAttention-3's "overlap", which measured 1-8% slower on an H100
-(page 4.9, Measuring FlashAttention, says by how much and why); and "persistent", the plain one on a
+(page 4.12, FlashAttention-3 in CUDA, says by how much and why); and "persistent", the plain one on a
 grid of one block per SM that draws tiles off a global counter: the default with the mask, where it
 measured 1.05-1.11x plain on an H100 (without it, within a few % of plain either way).
 
@@ -158,17 +158,18 @@ class Compiled:
     ptxas: dict
 
 
-def compile_check(workdir: str | Path | None = None) -> Compiled:
-    """Build ``hgemm_common.cuh`` + ``fa_ws.cu`` for sm_90a with ``-Xptxas -v`` (nvcc, no GPU) and
-    disassemble it: the registers, spills and instructions the tests look at."""
+def compile_check(workdir: str | Path | None = None, sources: list[str] = SOURCES) -> Compiled:
+    """Build ``sources`` (by default ``hgemm_common.cuh`` + ``fa_ws.cu``) for sm_90a with
+    ``-Xptxas -v`` (nvcc, no GPU) and disassemble it: the registers, spills and instructions the
+    tests look at."""
     nvcc = hgemm_check.find_tool("nvcc")
     if nvcc is None:
         raise RuntimeError(hgemm_check.compile_unavailable_reason())
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="gpubrrr-faws-") as tmp:
-            return compile_check(tmp)
+            return compile_check(tmp, sources)
     src, obj = Path(workdir) / "fa_ws_all.cu", Path(workdir) / "fa_ws_all.o"
-    src.write_text(ladder._read(SOURCES))
+    src.write_text(ladder._read(sources))
     proc = subprocess.run(
         [nvcc, "-std=c++17", "-O3", *ladder.HGEMM_ARCH_FLAGS, "-Xptxas", "-v"]
         + ["-c", str(src), "-o", str(obj)],

@@ -8,7 +8,7 @@ its median time (``triton.testing.do_bench``), TFLOP/s (4 matmuls, or 5 when it 
 its largest difference from the default backward's gradients. Modes: ``two`` is two_kernels' first
 kernel; ``atomic`` the atomic_dq kernel adding dQ with ``tl.atomic_add``; ``tma`` the same with TMA
 bulk reductions (what ``backward="atomic_dq"`` uses on Hopper). The log of an H100 run is
-results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-fa-bwd-tiles.txt; page 4.9 reads it.
+results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-fa-bwd-tiles.txt; page 4.12 reads it.
 """
 
 import sys

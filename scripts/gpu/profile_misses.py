@@ -25,7 +25,7 @@ Topics, and the hypotheses each settles:
   ``hgemm_probe.py``'s path: the defines name their own build); DRAM
   bytes and L2 hit rate of steps 9-12 at 8192^3; timings beside cuBLAS in the same run.
 
-- ``fa`` (acts/act4-flash-attention-3-measure.md, issue 19's attention goals). Why the CUDA
+- ``fa`` (acts/act4-flash-attention-4-cuda.md, issue 19's attention goals). Why the CUDA
   warp-specialised forward (kernels/cuda/fa_ws.py) trails cuDNN, and why its overlapped schedule
   trails its plain one: tensor-pipe use, issue slots and stalls of both schedules, of the course's
   Triton forward and of cuDNN's SDPA at N = 8192, d = 128, causal and not. And where the course's

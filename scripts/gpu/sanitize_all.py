@@ -206,6 +206,27 @@ def hopper_gemm():
             close(cuda.hgemm(a, b, step), ref, 2e-2)
 
 
+def hopper_attention():
+    from kernels.cuda import fa_ws, fa_ws_bwd
+
+    why = fa_ws.unavailable_reason()
+    if why:
+        print(f"   (skipped: {why})")
+        return
+    # 200 tokens: the last key block and query step end mid-tile; two heads, so a tile's spare rows
+    # are the next head's.
+    q, k, v, do = (rnd(1, 2, 200, 128, dtype=BF16) for _ in range(4))
+    for causal in (False, True):
+        ref, _ = fa_ws.attention_ref(q.float(), k.float(), v.float(), causal=causal)
+        for schedule in fa_ws.SCHEDULES:
+            close(fa_ws.attention(q, k, v, causal=causal, schedule=schedule)[0], ref, 2e-2)
+        leaves = [t.float().requires_grad_() for t in (q, k, v)]
+        fa_ws.attention_ref(*leaves, causal=causal)[0].backward(do.float())
+        o, lse = fa_ws.attention(q, k, v, causal=causal)
+        for got, leaf in zip(fa_ws_bwd.backward(q, k, v, o, lse, do, causal=causal), leaves):
+            close(got, leaf.grad, 3e-2)
+
+
 def megakernel():
     from kernels import megakernel as mk
 
@@ -255,7 +276,8 @@ def moe_fwd_bwd():
 
 
 STEPS = [vector_add, softmax_fwd_bwd, norms_fwd_bwd, matmul, attention_fwd_bwd, paged_decode, mla_dsa,
-         topk_select, quant_gemv, quant_fp8, sgemm_ladder, hopper_gemm, megakernel, trees, moe_fwd_bwd]  # fmt: skip
+         topk_select, quant_gemv, quant_fp8, sgemm_ladder, hopper_gemm, hopper_attention, megakernel,
+         trees, moe_fwd_bwd]  # fmt: skip
 
 
 def _run_each_candidate_once() -> None:

@@ -1,0 +1,419 @@
+// FlashAttention backward with warp specialisation (FlashAttention-3's design), on the machinery of
+// the forward (fa_ws.cu, built after it: the TMA loads, the N-major V descriptor, the register-A
+// wgmma, exp2_ftz and pack_bf16 come from there). sm_90a only.
+//
+// One block per 128 keys of one (batch, head); it keeps K and V of those keys in shared memory for
+// the whole loop and walks over the query tiles (64 queries per step), streamed by TMA through a
+// two-slot ring of Q and dO. Every product of the backward is done once per pair of tiles:
+//
+//   consumer c (warpgroup 1 + c) owns keys 64c .. 64c + 63 of the block:
+//     S^T  = K_c Q^T              wgmma m64n64k16, both from shared memory (K-major)
+//     P^T  = exp2(S^T scale - lse) (lse of each query column, log2 units: the forward's)
+//     dP^T = V_c dO^T             wgmma m64n64k16, both from shared memory
+//     dV_c += P^T dO              wgmma m64n128k16, P^T from registers, dO N-major (like V forward)
+//     dS^T = P^T (dP^T - delta)   (delta_q = sum_d dO_qd O_qd, computed by the binding)
+//     dK_c += dS^T Q              wgmma m64n128k16, dS^T from registers, Q N-major
+//   both consumers write dS^T (bf16) to shared memory; then consumer c computes columns 64c ..
+//   64c + 63 of this step's dQ = dS K (wgmma m64n64k16 with both operands MN-major: dS stored key by
+//   key, K with d contiguous) and adds it into an fp32 dQ in global memory with one TMA bulk
+//   reduction (cp.reduce.async.bulk.tensor .add) from a staging tile.
+//
+// The binding zeroes the fp32 dQ first and scales it by sm_scale into bf16 afterwards.
+//
+// Keys past N (the next head's rows in the flattened [BH * N, 128] view) and queries past N get
+// P = 0, so they add nothing anywhere; their dK and dV rows are not stored. With the causal mask a
+// block starts at the query tile of its first key (earlier queries see none of its keys).
+
+namespace fabwd {
+constexpr int BN = 128;  // keys per block (64 per consumer)
+constexpr int BM = 64;   // queries per step
+constexpr int D = 128, STAGES = 2, CONSUMERS = 2, NT = 128 * (1 + CONSUMERS);
+constexpr int KV_HALF = 128 * 64 * 2;  // one TMA box of K or V: 128 rows x 64 bf16 = 16 KB
+constexpr int KV_TILE = 2 * KV_HALF;   // all 128 columns: 32 KB
+constexpr int Q_HALF = 64 * 64 * 2;    // one TMA box of Q or dO: 64 rows x 64 bf16 = 8 KB
+constexpr int Q_TILE = 2 * Q_HALF;     // 16 KB
+constexpr int DS_TILE = BN * BM * 2;   // dS^T, 128 keys x 64 queries bf16: 16 KB (128-byte rows)
+constexpr int DQ_HALF = BM * 64 * 4;   // one consumer's dQ staging: 64 queries x 64 fp32 = 16 KB,
+constexpr int DQ_BOX = BM * 32 * 4;    // as two TMA boxes of 32 columns (128-byte swizzled rows)
+// K, V; per stage Q and dO; dS^T; dQ staging for both consumers; 1 KB of alignment slack; the
+// barriers: K/V full, then per stage Q full, dO full and empty.
+constexpr int SMEM = 2 * KV_TILE + STAGES * 2 * Q_TILE + DS_TILE + 2 * DQ_HALF + 1024 + (1 + 3 * STAGES) * 8;
+constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
+static_assert(SMEM <= 227 * 1024, "shared memory per block");
+}  // namespace fabwd
+
+// The 32 fp32 accumulators of one m64n64 wgmma (operands %0-%31).
+#define FB_WGMMA_D32                                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                 \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FB_WGMMA_ACC32(d)                                                                           \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),   \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// d[32] (+)= A(64x16) @ B(16x64), both from shared memory; TRANS_A / TRANS_B: the operand is stored
+// MN-major (imm-trans = 1) instead of K-major. zero_d: overwrite d instead of adding to it.
+template <int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, uint64_t b, bool zero_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n" FB_WGMMA_D32
+      ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+      : FB_WGMMA_ACC32(d)
+      : "l"(a), "l"(b), "r"(static_cast<int>(zero_d)), "n"(TRANS_A), "n"(TRANS_B)
+      : "memory");
+}
+
+// A descriptor for an MN-major operand in 128-byte swizzled rows (see desc_mn128 in fa_ws.cu):
+// `lbo` bytes from one 64-element swizzle atom to the next along M or N, 1,024 bytes from one group
+// of 8 rows to the next along K.
+__device__ __forceinline__ uint64_t desc_mn(uint32_t smem_addr, uint32_t lbo) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// One consumer's rows and constants.
+struct BwdConsumer {
+  int c, warp, lane;
+  int key[2];  // the two key rows (within the head) of every fragment this thread holds
+  int N;
+  float qk_scale;
+};
+
+// X^T = A_c B^T for one query tile, 64 keys x 64 queries (issued, not waited for): A_c is the
+// consumer's 64 rows of K or V (in the 128-row boxes of the resident tile), B the Q or dO tile.
+__device__ __forceinline__ void issue_keys_by_queries(float (&x)[32], uint32_t a_rows, uint32_t b_tile) {
+  using namespace fabwd;
+  wgmma_fence();
+  fence_operands(x);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_m64n64k16_ss<0, 0>(x, desc_k128(a_rows + (kk / 4) * KV_HALF + (kk % 4) * 32),
+                             desc_k128(b_tile + (kk / 4) * Q_HALF + (kk % 4) * 32), kk == 0);
+  wgmma_commit();
+}
+
+// acc[64 keys x 128] += X^T (registers, 64 keys x 64 queries) @ B (the Q or dO tile, 64 queries x
+// 128, d contiguous: N-major), issued, not waited for.
+__device__ __forceinline__ void issue_keys_by_d(float (&acc)[64], const uint32_t (&x)[fabwd::BM / 16][4],
+                                                uint32_t b_tile) {
+  using namespace fabwd;
+  wgmma_fence();
+  fence_operands(acc);
+#pragma unroll
+  for (int t = 0; t < BM / 16; ++t) wgmma_m64n128k16_rs(acc, x[t], desc_mn(b_tile + t * 16 * 128, Q_HALF));
+  wgmma_commit();
+}
+
+// x[32] as the A operand of an m64n*k16 wgmma, k16 slice t = fragment blocks 2t and 2t + 1 (as
+// pack_p in fa_ws.cu, for 64 columns).
+__device__ __forceinline__ void pack_a(uint32_t (&a)[fabwd::BM / 16][4], const float (&x)[32]) {
+#pragma unroll
+  for (int t = 0; t < fabwd::BM / 16; ++t) {
+    a[t][0] = pack_bf16(x[8 * t + 0], x[8 * t + 1]);
+    a[t][1] = pack_bf16(x[8 * t + 2], x[8 * t + 3]);
+    a[t][2] = pack_bf16(x[8 * t + 4], x[8 * t + 5]);
+    a[t][3] = pack_bf16(x[8 * t + 6], x[8 * t + 7]);
+  }
+}
+
+// Fragment element 4 * jj + 2 * h + e of a 64 x 64 accumulator: key row me.key[h], query column
+// q0 + 8 * jj + 2 * (lane % 4) + e.
+__device__ __forceinline__ int query_of(const BwdConsumer& me, int q0, int jj, int e) {
+  return q0 + 8 * jj + 2 * (me.lane % 4) + e;
+}
+
+// dS^T (bf16 pairs, the A fragments) into the shared 128 x 64 tile of dS^T: key row 64c + r, query
+// columns in 128-byte swizzled rows, the layout the dQ product reads as its MN-major A operand.
+__device__ __forceinline__ void store_ds(uint32_t ds_tile, const uint32_t (&a)[fabwd::BM / 16][4],
+                                         const BwdConsumer& me) {
+  const int r = 64 * me.c + 16 * me.warp + me.lane / 4;
+#pragma unroll
+  for (int t = 0; t < fabwd::BM / 16; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = r + 8 * (i & 1);    // a[t][0], a[t][2]: row r; a[t][1], a[t][3]: row r + 8
+      const int chunk = 2 * t + (i >> 1);  // 8 queries per 16-byte chunk: columns 16t (+ 8)
+      const uint32_t addr = ds_tile + swizzle_128b(row, chunk) + 4 * (me.lane % 4);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(a[t][i]) : "memory");
+    }
+}
+
+__device__ __forceinline__ void fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void named_sync_n(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <bool CAUSAL>
+__global__ void __launch_bounds__(fabwd::NT, 1)
+    fa_ws_bwd_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                     const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
+                     const __grid_constant__ CUtensorMap map_dq, const float* __restrict__ lse,
+                     const float* __restrict__ delta, bf16* __restrict__ dK, bf16* __restrict__ dV, int N,
+                     float qk_scale, float sm_scale) {
+  using namespace fabwd;
+  extern __shared__ uint8_t smem[];
+  const uint32_t k_tile = smem_base_1024(smem), v_tile = k_tile + KV_TILE;
+  const uint32_t ring = v_tile + KV_TILE;  // per stage: Q tile, then dO tile
+  const uint32_t ds_tile = ring + STAGES * 2 * Q_TILE, dq_stage = ds_tile + DS_TILE;
+  const uint32_t kv_full = dq_stage + 2 * DQ_HALF, q_full = kv_full + 8, do_full = q_full + STAGES * 8,
+                 empty = do_full + STAGES * 8;
+  const int key0 = blockIdx.x * BN, bh = blockIdx.y;
+  const int wg = threadIdx.x / 128;
+  // Queries before key0 see none of this block's keys (causal): start at its first query tile.
+  const int first = CAUSAL ? key0 / BM : 0, steps = HG_CEIL_DIV(N, BM) - first;
+
+  if (threadIdx.x == 0) {
+    mbar_init(kv_full, 2);  // the K tile's arrival and the V tile's
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(q_full + 8 * s, 1);
+      mbar_init(do_full + 8 * s, 1);
+      mbar_init(empty + 8 * s, CONSUMERS * 4);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer: K and V once, then Q and dO tile by tile through the ring
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+    if (threadIdx.x == 0) {
+      // K and V on one barrier: two arrivals (one per tile) and their bytes.
+      load_tile(k_tile, &map_k, kv_full, bh * N + key0, KV_HALF);
+      load_tile(v_tile, &map_v, kv_full, bh * N + key0, KV_HALF);
+      for (int i = 0; i < steps; ++i) {
+        const int s = i % STAGES;
+        if (i >= STAGES) mbar_wait(empty + 8 * s, (i / STAGES - 1) & 1);
+        const uint32_t q_slot = ring + s * 2 * Q_TILE, do_slot = q_slot + Q_TILE;
+        const int q_row = bh * N + (first + i) * BM;
+        load_tile(q_slot, &map_q, q_full + 8 * s, q_row, Q_HALF);  // two boxes of 64 rows
+        load_tile(do_slot, &map_do, do_full + 8 * s, q_row, Q_HALF);
+      }
+    }
+  } else {
+    // ---- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    const int c = wg - 1;
+    BwdConsumer me;
+    me.c = c;
+    me.warp = (threadIdx.x % 128) / 32;
+    me.lane = threadIdx.x % 32;
+    me.key[0] = key0 + 64 * c + 16 * me.warp + me.lane / 4;
+    me.key[1] = me.key[0] + 8;
+    me.N = N;
+    me.qk_scale = qk_scale;
+    const uint32_t k_rows = k_tile + c * 64 * 128, v_rows = v_tile + c * 64 * 128;
+    float dk[64], dv[64], x[32], y[32];
+    uint32_t a[BM / 16][4];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
+    mbar_wait(kv_full, 0);
+
+    for (int i = 0; i < steps; ++i) {
+      const int s = i % STAGES;
+      const uint32_t parity = (i / STAGES) & 1;
+      const uint32_t q_slot = ring + s * 2 * Q_TILE, do_slot = q_slot + Q_TILE;
+      const int q0 = (first + i) * BM;
+      // S^T = K_c Q^T and dP^T = V_c dO^T issued back to back; meanwhile this thread's lse and
+      // delta (16 query columns each).
+      mbar_wait(q_full + 8 * s, parity);
+      issue_keys_by_queries(x, k_rows, q_slot);
+      mbar_wait(do_full + 8 * s, parity);
+      issue_keys_by_queries(y, v_rows, do_slot);
+      float lse_q[16], delta_q[16];
+#pragma unroll
+      for (int jj = 0; jj < BM / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int q = query_of(me, q0, jj, e);
+          const bool ok = q < N;
+          lse_q[2 * jj + e] = ok ? lse[static_cast<int64_t>(bh) * N + q] : 0.f;
+          delta_q[2 * jj + e] = ok ? delta[static_cast<int64_t>(bh) * N + q] : 0.f;
+        }
+      wgmma_wait<1>();  // S^T is done; dP^T may still run while P is computed
+      fence_operands(x);
+      // P^T = exp2(S^T * scale - lse), 0 where the key is past N, the query past N, or (causal)
+      // the key after the query.
+      const bool edge = q0 + BM > N || key0 + BN > N || (CAUSAL && q0 < key0 + BN);
+#pragma unroll
+      for (int jj = 0; jj < BM / 8; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& p = x[4 * jj + 2 * h + e];
+            p = exp2_ftz(fmaf(p, qk_scale, -lse_q[2 * jj + e]));
+            if (edge) {
+              const int q = query_of(me, q0, jj, e);
+              if (q >= N || me.key[h] >= N || (CAUSAL && me.key[h] > q)) p = 0.f;
+            }
+          }
+      pack_a(a, x);
+      wgmma_wait<0>();
+      fence_operands(y);
+      // dV_c += P^T dO
+      issue_keys_by_d(dv, a, do_slot);
+      // dS^T = P^T (dP^T - delta)
+#pragma unroll
+      for (int jj = 0; jj < BM / 8; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int k = 4 * jj + 2 * h + e;
+            y[k] = x[k] * (y[k] - delta_q[2 * jj + e]);
+          }
+      wgmma_wait<0>();  // dV's product read the packed P: now a may be overwritten
+      fence_operands(dv);
+      pack_a(a, y);
+      // dS^T to shared memory, once the other consumer's previous dQ product is done with it, and
+      // before the dK product takes a as its operand (registers an in-flight wgmma reads may not
+      // be accessed until it is waited for).
+      named_sync_n(1, 256);
+      store_ds(ds_tile, a, me);
+      fence_async_smem();
+      // dK_c += dS^T Q, then (both consumers' dS^T in shared memory) dQ[:, 64c .. 64c + 63] =
+      // dS K_{:, 64c ..} into x (P is dead): A = dS^T stored key-major (MN-major A), B = the K box
+      // c, d contiguous (MN-major B); 8 k16 slices of 16 keys. One wait for both.
+      issue_keys_by_d(dk, a, q_slot);
+      named_sync_n(2, 256);
+      wgmma_fence();
+      fence_operands(x);
+#pragma unroll
+      for (int t = 0; t < BN / 16; ++t)
+        wgmma_m64n64k16_ss<1, 1>(x, desc_mn(ds_tile + t * 16 * 128, Q_HALF),
+                                 desc_mn(k_tile + c * KV_HALF + t * 16 * 128, KV_HALF), t == 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(dk);
+      fence_operands(x);
+      if (me.lane == 0) mbar_arrive(empty + 8 * s);  // Q and dO of this slot are no longer read
+      // This consumer's staging tile is free once its previous reduction has read it.
+      const uint32_t stage = dq_stage + c * DQ_HALF;
+      if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+      named_sync_n(3 + c, 128);
+      // Two boxes of 32 columns in 128-byte swizzled rows (a plain 256-byte row put the eight rows
+      // a warp stores in the same banks: eight-way conflicts).
+      const int qr = 16 * me.warp + me.lane / 4;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = qr + 8 * h, byte = 32 * (jj % 4) + 8 * (me.lane % 4);
+          const uint32_t addr = stage + (jj / 4) * DQ_BOX + swizzle_128b(row, byte / 16) + byte % 16;
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x[4 * jj + 2 * h]),
+                       "f"(x[4 * jj + 2 * h + 1])
+                       : "memory");
+        }
+      fence_async_smem();
+      named_sync_n(3 + c, 128);
+      if (threadIdx.x % 128 == 0) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          asm volatile(
+              "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n"
+              ::"l"(reinterpret_cast<uint64_t>(&map_dq)), "r"(64 * c + 32 * half), "r"(bh * N + q0),
+              "r"(stage + half * DQ_BOX)
+              : "memory");
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      }
+    }
+    if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+
+    // dK (times sm_scale: s = sm_scale q.k) and dV of the rows this thread holds, rows past N not.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (me.key[h] >= N) continue;
+      const int64_t base = (static_cast<int64_t>(bh) * N + me.key[h]) * D;
+#pragma unroll
+      for (int jj = 0; jj < D / 8; ++jj) {
+        const int col = 8 * jj + 2 * (me.lane % 4);
+        *reinterpret_cast<__nv_bfloat162*>(dK + base + col) =
+            __floats2bfloat162_rn(dk[4 * jj + 2 * h] * sm_scale, dk[4 * jj + 2 * h + 1] * sm_scale);
+        *reinterpret_cast<__nv_bfloat162*>(dV + base + col) =
+            __floats2bfloat162_rn(dv[4 * jj + 2 * h], dv[4 * jj + 2 * h + 1]);
+      }
+    }
+  }
+}
+
+// The fp32 dQ as a TMA target of 64-row x 32-column boxes, 128-byte swizzled like the staging tile.
+static const char* fabwd_dq_map(CUtensorMap* map, float* dq, int rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = hgemm_encode_tiled();
+  if (encode == nullptr) return "cuTensorMapEncodeTiled not found";
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(fabwd::D), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {fabwd::D * sizeof(float)};
+  const cuuint32_t box[2] = {32, fabwd::BM};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult rc = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, dq, dims, strides, box, elem_strides,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return rc == CUDA_SUCCESS ? nullptr : "cuTensorMapEncodeTiled rejected the dQ tensor map";
+}
+
+// Before the main kernel: delta_i = sum_d dO_id O_id in fp32 (the row term of dS = P (dP - delta))
+// and that row of the fp32 dQ accumulator zeroed, one warp per row (one read of O and dO, one write
+// of the accumulator; the torch expression it replaces made six passes over fp32 copies).
+__global__ void fa_ws_bwd_prep_kernel(const bf16* __restrict__ O, const bf16* __restrict__ dO,
+                                      float* __restrict__ delta, float* __restrict__ dq_acc, int rows) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int64_t at = static_cast<int64_t>(row) * fabwd::D + 4 * lane;  // 4 of the 128 columns
+  const uint2 o = *reinterpret_cast<const uint2*>(O + at), g = *reinterpret_cast<const uint2*>(dO + at);
+  const float2 o0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.x)),
+               o1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.y)),
+               g0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.x)),
+               g1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.y));
+  float sum = o0.x * g0.x + o0.y * g0.y + o1.x * g1.x + o1.y * g1.y;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) delta[row] = sum;
+  *reinterpret_cast<float4*>(dq_acc + at) = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// After it: dQ = sm_scale * the accumulator (dS carries no factor of sm_scale), rounded once to
+// bf16, eight elements per thread.
+__global__ void fa_ws_bwd_dq_kernel(const float* __restrict__ dq_acc, bf16* __restrict__ dQ, int64_t n8,
+                                    float sm_scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 a = *reinterpret_cast<const float4*>(dq_acc + 8 * i),
+                 b = *reinterpret_cast<const float4*>(dq_acc + 8 * i + 4);
+    const uint4 out = {pack_bf16(a.x * sm_scale, a.y * sm_scale), pack_bf16(a.z * sm_scale, a.w * sm_scale),
+                       pack_bf16(b.x * sm_scale, b.y * sm_scale), pack_bf16(b.z * sm_scale, b.w * sm_scale)};
+    *reinterpret_cast<uint4*>(dQ + 8 * i) = out;
+  }
+}
+
+// Q, K, V, O, dO, dQ, dK, dV: [BH * N, 128] bf16 row-major; lse: [BH * N] fp32 (log2 units, from the
+// forward); delta [BH * N] and dq_acc [BH * N, 128]: fp32 workspaces. Three launches on stream s:
+// prep, the backward, the dQ conversion. nullptr when they launched.
+const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf16* O, const bf16* dO,
+                           const float* lse, float* delta, float* dq_acc, bf16* dQ, bf16* dK, bf16* dV,
+                           int BH, int N, float qk_scale, float sm_scale, bool causal, cudaStream_t s) {
+  using namespace fabwd;
+  CUtensorMap map_q, map_k, map_v, map_do, map_dq;
+  const char* err;
+  if ((err = hgemm_tensor_map(&map_q, Q, BH * N, D, BM))) return err;
+  if ((err = hgemm_tensor_map(&map_do, dO, BH * N, D, BM))) return err;
+  if ((err = hgemm_tensor_map(&map_k, K, BH * N, D, BN))) return err;
+  if ((err = hgemm_tensor_map(&map_v, V, BH * N, D, BN))) return err;
+  if ((err = fabwd_dq_map(&map_dq, dq_acc, BH * N))) return err;
+  auto kernel = causal ? fa_ws_bwd_kernel<true> : fa_ws_bwd_kernel<false>;
+  if ((err = hgemm_allow_smem(kernel, SMEM))) return err;
+  const int rows = BH * N;
+  fa_ws_bwd_prep_kernel<<<HG_CEIL_DIV(rows, 8), 256, 0, s>>>(O, dO, delta, dq_acc, rows);
+  const dim3 grid(HG_CEIL_DIV(N, BN), BH);
+  kernel<<<grid, NT, SMEM, s>>>(map_q, map_k, map_v, map_do, map_dq, lse, delta, dK, dV, N, qk_scale,
+                                sm_scale);
+  const int64_t n8 = static_cast<int64_t>(rows) * D / 8;
+  const int64_t blocks = HG_CEIL_DIV(n8, 256);
+  fa_ws_bwd_dq_kernel<<<static_cast<int>(blocks < 4096 ? blocks : 4096), 256, 0, s>>>(dq_acc, dQ, n8, sm_scale);
+  return nullptr;
+}
