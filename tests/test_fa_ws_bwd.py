@@ -26,10 +26,7 @@ def compiled(tmp_path_factory):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_compiles_for_sm90a_into_its_instructions(compiled):
-    assert compiled.returncode == 0, compiled.log[-2000:]
-    assert "C7508" not in compiled.log and "serialized" not in compiled.log, compiled.log
-    assert compiled.ptxas["spill_stores"] == 0 and compiled.ptxas["spill_loads"] == 0
-    assert compiled.ptxas["registers"] <= 168  # the cap at entry that lets setmaxnreg work
+    assert not compiled.problems(), compiled.problems()
     if not compiled.sass:
         pytest.skip("no cuobjdump to disassemble with")
     kernels = {

@@ -157,6 +157,22 @@ class Compiled:
     sass: str  # '' without a cuobjdump
     ptxas: dict
 
+    def problems(self) -> list[str]:
+        """Why this build is unfit for a warp-specialised kernel, if it is: a failed build, ptxas's
+        warnings (``hgemm_check.ptxas_warnings``), spills, or more than 168 registers per thread at
+        entry (three warpgroups at 168 fill the register file: the cap that lets the consumers'
+        ``setmaxnreg`` take more)."""
+        if self.returncode != 0:
+            return ["nvcc failed: " + self.log[-2000:]]
+        found = []
+        if hgemm_check.ptxas_warnings(self.log):
+            found.append("ptxas warns: " + self.log[-2000:])
+        if self.ptxas["spill_stores"] or self.ptxas["spill_loads"]:
+            found.append(f"spills: {self.ptxas}")
+        if self.ptxas["registers"] > 168:
+            found.append(f"{self.ptxas['registers']} registers at entry (at most 168)")
+        return found
+
 
 def compile_check(workdir: str | Path | None = None, sources: list[str] = SOURCES) -> Compiled:
     """Build ``sources`` (by default ``hgemm_common.cuh`` + ``fa_ws.cu``) for sm_90a with

@@ -208,9 +208,13 @@ class CompiledStep:
 
     @property
     def warnings(self) -> list[str]:
-        """ptxas's signs that a step silently lost its idea: wgmma serialised (accumulators touched
-        while in flight) or setmaxnreg ignored (C7508)."""
-        return [w for w in ("serialized", "C7508") if w in self.log]
+        return ptxas_warnings(self.log)
+
+
+def ptxas_warnings(log: str) -> list[str]:
+    """ptxas's signs in a build log that a kernel silently lost its idea: wgmma serialised
+    (accumulators touched while in flight) or setmaxnreg ignored (C7508)."""
+    return [w for w in ("serialized", "C7508") if w in log]
 
 
 def compile_step(
