@@ -11,14 +11,15 @@
 //     P^T  = exp2(S^T scale - lse) (lse of each query column, log2 units: the forward's)
 //     dP^T = V_c dO^T             wgmma m64n64k16, both from shared memory
 //     dV_c += P^T dO              wgmma m64n128k16, P^T from registers, dO N-major (like V forward)
-//     dS^T = P^T (dP^T - delta)   (delta_q = sum_d dO_qd O_qd, computed by the binding)
+//     dS^T = P^T (dP^T - delta)   (delta_q = sum_d dO_qd O_qd, from the prep kernel)
 //     dK_c += dS^T Q              wgmma m64n128k16, dS^T from registers, Q N-major
 //   both consumers write dS^T (bf16) to shared memory; then consumer c computes columns 64c ..
 //   64c + 63 of this step's dQ = dS K (wgmma m64n64k16 with both operands MN-major: dS stored key by
 //   key, K with d contiguous) and adds it into an fp32 dQ in global memory with one TMA bulk
 //   reduction (cp.reduce.async.bulk.tensor .add) from a staging tile.
 //
-// The binding zeroes the fp32 dQ first and scales it by sm_scale into bf16 afterwards.
+// A prep kernel computes delta and zeroes the fp32 dQ first; a convert kernel scales dQ by
+// sm_scale into bf16 afterwards (fa_ws_backward launches all three).
 //
 // Keys past N (the next head's rows in the flattened [BH * N, 128] view) and queries past N get
 // P = 0, so they add nothing anywhere; their dK and dV rows are not stored. With the causal mask a
