@@ -33,8 +33,9 @@ LINT_PATHS := $(wildcard kernels tests notebooks scripts tools/*.py)
 # Each pytest stage also writes a JUnit report; .ci/run adds them up into one closing line.
 REPORTS := _build/reports
 PYTEST = $(BIN)/python -m pytest --junitxml=$(REPORTS)/$@.xml
-# The unit tests and the notebooks run in one process per core (at most 4), each test file or
-# notebook whole in one process: on CI's 2 cores 454 -> 343 s and 349 -> 284 s. JOBS=1: one process.
+# The unit tests run in one process per core (at most 4), each test file whole in one process: on
+# CI's 2 cores 454 -> 343 s. JOBS=1: one process. Not the notebooks: Jupyter kernels started by two
+# processes at once raced ("Kernel died before replying to kernel_info", 04b, 2026-11-27).
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 PARALLEL = $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadfile)
 NOTEBOOKS ?=
@@ -92,7 +93,7 @@ test-unit: venv
 # Every notebook re-executed on this machine (interpreter mode without a GPU); outputs are only
 # compared in cells marked # NBVAL_CHECK_OUTPUT.
 test-nbval: venv
-	$(STAGE) nbval $(PYTEST) $(PARALLEL) --nbval-lax --nbval-current-env notebooks
+	$(STAGE) nbval $(PYTEST) --nbval-lax --nbval-current-env notebooks
 
 test-browser: venv chromium
 	$(STAGE) browser env GPU_BRRR_CHROMIUM=$(CHROMIUM) $(PYTEST) tests/test_site.py -m browser
