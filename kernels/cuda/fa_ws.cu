@@ -19,7 +19,7 @@
 // V is read as it lies, [N, D] with d contiguous: for O += P V that is B stored N-major (the output
 // dimension d contiguous, not the reduction dimension, the keys), which wgmma takes from shared
 // memory with its transpose bit (imm-trans-b = 1) and a descriptor whose strides say so
-// (desc_mn128). The V tile then arrives exactly like a K tile, two 64-column TMA boxes of 128 key
+// (desc_mn). The V tile then arrives exactly like a K tile, two 64-column TMA boxes of 128 key
 // rows, and no copy of V is made (an earlier version transposed V in the binding: 12% of the time
 // at N = 8192, in a copy kernel at 15% of DRAM bandwidth).
 //
@@ -72,18 +72,18 @@ __device__ __forceinline__ void load_kv(uint32_t kv, uint32_t k_full, uint32_t v
 }
 
 // The descriptor of a 16 x 128 B operand stored N-major with the 128-byte swizzle: 16 rows of keys
-// (k) at 128 bytes each, every row 64 of the 128 columns (n), the other 64 in the box HALF bytes on.
+// (k) at 128 bytes each, every row 64 of the 128 columns (n), the other 64 in the box `lbo` bytes on
+// (HALF for a 128-row tile of K or V; the backward also reads 64-row tiles and its dS^T this way).
 // PTX ISA, "Matrix Descriptor" for MN-major swizzled layouts: the leading byte offset steps from one
-// 64-column swizzle atom to the next along n (HALF), the stride byte offset from one 8-row group to
+// 64-column swizzle atom to the next along n (lbo), the stride byte offset from one 8-row group to
 // the next along k (1024 bytes).
-__device__ __forceinline__ uint64_t desc_mn128(uint32_t smem_addr) {
-  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>(faws::HALF >> 4) << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
-         (1ull << 62);
+__device__ __forceinline__ uint64_t desc_mn(uint32_t smem_addr, uint32_t lbo = faws::HALF) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
 }
 
 // d[64] += A(64x16, registers a[4]) @ B(16x128, descriptor b): A from registers, B N-major
-// (imm-trans-b = 1: see desc_mn128). The four 32-bit registers hold A's bf16 pairs: rows r and
+// (imm-trans-b = 1: see desc_mn). The four 32-bit registers hold A's bf16 pairs: rows r and
 // r + 8 (r = 16 * warp + lane / 4), columns 2 * (lane % 4) + {0, 1} and 8 + 2 * (lane % 4) + {0, 1},
 // in the order (r, lo), (r + 8, lo), (r, hi), (r + 8, hi).
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
@@ -135,7 +135,10 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // Named barriers 1 and 2 pass the tensor cores between the two consumers (ping-pong): bar.sync waits
 // for 256 arrivals, its own warpgroup's 128 and the other's 128 bar.arrive.
-__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+// (The backward also waits on barriers of one warpgroup: `threads` = 128.)
+__device__ __forceinline__ void named_sync(int id, int threads = 256) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void named_arrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
@@ -169,7 +172,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[faw
   fence_operands(o);
 #pragma unroll
   for (int t = 0; t < BN / 16; ++t)
-    wgmma_m64n128k16_rs(o, p[t], desc_mn128(v_tile + t * 16 * 128));
+    wgmma_m64n128k16_rs(o, p[t], desc_mn(v_tile + t * 16 * 128));
   wgmma_commit();
 }
 

@@ -68,20 +68,10 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, u
       : "memory");
 }
 
-// A descriptor for an MN-major operand in 128-byte swizzled rows (see desc_mn128 in fa_ws.cu):
-// `lbo` bytes from one 64-element swizzle atom to the next along M or N, 1,024 bytes from one group
-// of 8 rows to the next along K.
-__device__ __forceinline__ uint64_t desc_mn(uint32_t smem_addr, uint32_t lbo) {
-  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
-}
-
-// One consumer's rows and constants.
+// One consumer's rows.
 struct BwdConsumer {
   int c, warp, lane;
   int key[2];  // the two key rows (within the head) of every fragment this thread holds
-  int N;
-  float qk_scale;
 };
 
 // X^T = A_c B^T for one query tile, 64 keys x 64 queries (issued, not waited for): A_c is the
@@ -143,13 +133,6 @@ __device__ __forceinline__ void store_ds(uint32_t ds_tile, const uint32_t (&a)[f
     }
 }
 
-__device__ __forceinline__ void fence_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void named_sync_n(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 template <bool CAUSAL>
 __global__ void __launch_bounds__(fabwd::NT, 1)
     fa_ws_bwd_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
@@ -207,8 +190,6 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
     me.lane = threadIdx.x % 32;
     me.key[0] = key0 + 64 * c + 16 * me.warp + me.lane / 4;
     me.key[1] = me.key[0] + 8;
-    me.N = N;
-    me.qk_scale = qk_scale;
     const uint32_t k_rows = k_tile + c * 64 * 128, v_rows = v_tile + c * 64 * 128;
     float dk[64], dv[64], x[32], y[32];
     uint32_t a[BM / 16][4];
@@ -276,14 +257,14 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       // dS^T to shared memory, once the other consumer's previous dQ product is done with it, and
       // before the dK product takes a as its operand (registers an in-flight wgmma reads may not
       // be accessed until it is waited for).
-      named_sync_n(1, 256);
+      named_sync(1, 256);
       store_ds(ds_tile, a, me);
-      fence_async_smem();
+      fence_proxy_async();
       // dK_c += dS^T Q, then (both consumers' dS^T in shared memory) dQ[:, 64c .. 64c + 63] =
       // dS K_{:, 64c ..} into x (P is dead): A = dS^T stored key-major (MN-major A), B = the K box
       // c, d contiguous (MN-major B); 8 k16 slices of 16 keys. One wait for both.
       issue_keys_by_d(dk, a, q_slot);
-      named_sync_n(2, 256);
+      named_sync(2, 256);
       wgmma_fence();
       fence_operands(x);
 #pragma unroll
@@ -298,7 +279,7 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       // This consumer's staging tile is free once its previous reduction has read it.
       const uint32_t stage = dq_stage + c * DQ_HALF;
       if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-      named_sync_n(3 + c, 128);
+      named_sync(3 + c, 128);
       // Two boxes of 32 columns in 128-byte swizzled rows (a plain 256-byte row put the eight rows
       // a warp stores in the same banks: eight-way conflicts).
       const int qr = 16 * me.warp + me.lane / 4;
@@ -312,8 +293,8 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
                        "f"(x[4 * jj + 2 * h + 1])
                        : "memory");
         }
-      fence_async_smem();
-      named_sync_n(3 + c, 128);
+      fence_proxy_async();
+      named_sync(3 + c, 128);
       if (threadIdx.x % 128 == 0) {
 #pragma unroll
         for (int half = 0; half < 2; ++half)
