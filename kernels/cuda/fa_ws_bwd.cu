@@ -28,7 +28,7 @@
 namespace fabwd {
 constexpr int BN = 128;  // keys per block (64 per consumer)
 constexpr int BM = 64;   // queries per step
-constexpr int D = 128, STAGES = 2, CONSUMERS = 2, NT = 128 * (1 + CONSUMERS);
+constexpr int D = 128, CONSUMERS = 2, NT = 128 * (1 + CONSUMERS);
 constexpr int KV_HALF = 128 * 64 * 2;  // one TMA box of K or V: 128 rows x 64 bf16 = 16 KB
 constexpr int KV_TILE = 2 * KV_HALF;   // all 128 columns: 32 KB
 constexpr int Q_HALF = 64 * 64 * 2;    // one TMA box of Q or dO: 64 rows x 64 bf16 = 8 KB
@@ -38,10 +38,12 @@ constexpr int DQ_HALF = BM * 64 * 4;   // one consumer's dQ staging: 64 queries 
 constexpr int DQ_BOX = BM * 32 * 4;    // as two TMA boxes of 32 columns (128-byte swizzled rows)
 // K, V; per stage Q and dO; dS^T; dQ staging for both consumers; 1 KB of alignment slack; the
 // barriers: K/V full, then per stage Q full, dO full and empty.
-constexpr int SMEM = 2 * KV_TILE + STAGES * 2 * Q_TILE + DS_TILE + 2 * DQ_HALF + 1024 + (1 + 3 * STAGES) * 8;
+constexpr int smem_bytes(int stages) {
+  return 2 * KV_TILE + stages * 2 * Q_TILE + DS_TILE + 2 * DQ_HALF + 1024 + (1 + 3 * stages) * 8;
+}
 constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
-static_assert(SMEM <= 227 * 1024, "shared memory per block");
+static_assert(smem_bytes(3) <= 227 * 1024, "shared memory per block, three ring slots");
 }  // namespace fabwd
 
 // The 32 fp32 accumulators of one m64n64 wgmma (operands %0-%31).
@@ -133,13 +135,16 @@ __device__ __forceinline__ void store_ds(uint32_t ds_tile, const uint32_t (&a)[f
     }
 }
 
-template <bool CAUSAL>
+// STAGES: slots of the Q/dO ring (2 or 3). group_heads > 0: a 1-D grid, blocks ordered in groups of
+// that many heads, key tiles of a group ascending (with the causal mask, the longest first), heads
+// fastest within a key tile; 0: the 2-D grid (key tiles fastest, then heads).
+template <bool CAUSAL, int STAGES>
 __global__ void __launch_bounds__(fabwd::NT, 1)
     fa_ws_bwd_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                      const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
                      const __grid_constant__ CUtensorMap map_dq, const float* __restrict__ lse,
                      const float* __restrict__ delta, bf16* __restrict__ dK, bf16* __restrict__ dV, int N,
-                     float qk_scale, float sm_scale) {
+                     float qk_scale, float sm_scale, int BH, int group_heads) {
   using namespace fabwd;
   extern __shared__ uint8_t smem[];
   const uint32_t k_tile = smem_base_1024(smem), v_tile = k_tile + KV_TILE;
@@ -147,7 +152,15 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
   const uint32_t ds_tile = ring + STAGES * 2 * Q_TILE, dq_stage = ds_tile + DS_TILE;
   const uint32_t kv_full = dq_stage + 2 * DQ_HALF, q_full = kv_full + 8, do_full = q_full + STAGES * 8,
                  empty = do_full + STAGES * 8;
-  const int key0 = blockIdx.x * BN, bh = blockIdx.y;
+  int key_tile = blockIdx.x, bh = blockIdx.y;
+  if (group_heads > 0) {
+    const int key_tiles = HG_CEIL_DIV(N, BN), per_group = group_heads * key_tiles;
+    const int group = blockIdx.x / per_group, r = blockIdx.x % per_group;
+    const int in_group = min(group_heads, BH - group * group_heads);
+    key_tile = r / in_group;
+    bh = group * group_heads + r % in_group;
+  }
+  const int key0 = key_tile * BN;
   const int wg = threadIdx.x / 128;
   // Queries before key0 see none of this block's keys (causal): start at its first query tile.
   const int first = CAUSAL ? key0 / BM : 0, steps = HG_CEIL_DIV(N, BM) - first;
@@ -378,7 +391,8 @@ __global__ void fa_ws_bwd_dq_kernel(const float* __restrict__ dq_acc, bf16* __re
 // prep, the backward, the dQ conversion. nullptr when they launched.
 const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf16* O, const bf16* dO,
                            const float* lse, float* delta, float* dq_acc, bf16* dQ, bf16* dK, bf16* dV,
-                           int BH, int N, float qk_scale, float sm_scale, bool causal, cudaStream_t s) {
+                           int BH, int N, float qk_scale, float sm_scale, bool causal, int stages,
+                           int group_heads, cudaStream_t s) {
   using namespace fabwd;
   CUtensorMap map_q, map_k, map_v, map_do, map_dq;
   const char* err;
@@ -387,13 +401,18 @@ const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf
   if ((err = hgemm_tensor_map(&map_k, K, BH * N, D, BN))) return err;
   if ((err = hgemm_tensor_map(&map_v, V, BH * N, D, BN))) return err;
   if ((err = fabwd_dq_map(&map_dq, dq_acc, BH * N))) return err;
-  auto kernel = causal ? fa_ws_bwd_kernel<true> : fa_ws_bwd_kernel<false>;
-  if ((err = hgemm_allow_smem(kernel, SMEM))) return err;
+  using Kernel = decltype(&fa_ws_bwd_kernel<false, 2>);
+  const Kernel kernels[2][2] = {{fa_ws_bwd_kernel<false, 2>, fa_ws_bwd_kernel<false, 3>},
+                                {fa_ws_bwd_kernel<true, 2>, fa_ws_bwd_kernel<true, 3>}};
+  if (stages != 2 && stages != 3) return "stages must be 2 or 3";
+  const Kernel kernel = kernels[causal][stages - 2];
+  const int smem = smem_bytes(stages);
+  if ((err = hgemm_allow_smem(kernel, smem))) return err;
   const int rows = BH * N;
   fa_ws_bwd_prep_kernel<<<HG_CEIL_DIV(rows, 8), 256, 0, s>>>(O, dO, delta, dq_acc, rows);
-  const dim3 grid(HG_CEIL_DIV(N, BN), BH);
-  kernel<<<grid, NT, SMEM, s>>>(map_q, map_k, map_v, map_do, map_dq, lse, delta, dK, dV, N, qk_scale,
-                                sm_scale);
+  const dim3 grid = group_heads > 0 ? dim3(HG_CEIL_DIV(N, BN) * BH) : dim3(HG_CEIL_DIV(N, BN), BH);
+  kernel<<<grid, NT, smem, s>>>(map_q, map_k, map_v, map_do, map_dq, lse, delta, dK, dV, N, qk_scale,
+                                sm_scale, BH, group_heads);
   const int64_t n8 = static_cast<int64_t>(rows) * D / 8;
   const int64_t blocks = HG_CEIL_DIV(n8, 256);
   fa_ws_bwd_dq_kernel<<<static_cast<int>(blocks < 4096 ? blocks : 4096), 256, 0, s>>>(dq_acc, dQ, n8, sm_scale);

@@ -22,7 +22,8 @@ from kernels.cuda import fa_ws
 SOURCES = ["hgemm_common.cuh", "fa_ws.cu", "fa_ws_bwd.cu"]
 SIGNATURE = (
     "std::vector<torch::Tensor> fa_ws_bwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
-    "torch::Tensor o, torch::Tensor lse, torch::Tensor dout, bool causal, double sm_scale);"
+    "torch::Tensor o, torch::Tensor lse, torch::Tensor dout, bool causal, double sm_scale, "
+    "int64_t stages, int64_t group_heads);"
 )
 
 
@@ -38,10 +39,28 @@ def _module():
     )
 
 
-def backward(q, k, v, o, lse, do, causal: bool = False, sm_scale: float | None = None):
+def backward(
+    q,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    *,
+    stages: int = 2,
+    group_heads: int = 0,
+):
     """``(dq, dk, dv)`` of ``o = attention(q, k, v)`` for the upstream gradient ``do``: bf16
-    ``[B, H, N, 128]`` tensors and the forward's fp32 ``lse`` ``[B, H, N]`` (log2 units)."""
+    ``[B, H, N, 128]`` tensors and the forward's fp32 ``lse`` ``[B, H, N]`` (log2 units).
+    ``stages`` (2 or 3): slots of the Q/dO ring; ``group_heads``: 0 for the 2-D grid, or order the
+    blocks in groups of that many heads, key tiles ascending (the causal mask's longest first)."""
     scale = fa_ws._check(q, k, v, sm_scale)
+    if stages not in (2, 3):
+        raise ValueError(f"stages must be 2 or 3, got {stages!r}")
+    if not isinstance(group_heads, int) or group_heads < 0:
+        raise ValueError(f"group_heads must be a non-negative int, got {group_heads!r}")
     for name, t in (("o", o), ("do", do)):
         if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != torch.bfloat16:
             raise ValueError(f"{name} must be a bf16 tensor of q's shape {tuple(q.shape)}")
@@ -53,7 +72,9 @@ def backward(q, k, v, o, lse, do, causal: bool = False, sm_scale: float | None =
     if q.numel() == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, o, do = (ladder._aligned(t.contiguous()) for t in (q, k, v, o, do))
-    dq, dk, dv = _module().fa_ws_bwd(q, k, v, o, lse.contiguous(), do, bool(causal), scale)
+    dq, dk, dv = _module().fa_ws_bwd(
+        q, k, v, o, lse.contiguous(), do, bool(causal), scale, int(stages), int(group_heads)
+    )
     return dq, dk, dv
 
 
