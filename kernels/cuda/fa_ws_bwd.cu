@@ -18,11 +18,13 @@
 //   key, K with d contiguous) and adds it into an fp32 dQ in global memory with one TMA bulk
 //   reduction (cp.reduce.async.bulk.tensor .add) from a staging tile.
 //
-// A prep kernel computes delta and zeroes the fp32 dQ first; a convert kernel scales dQ by
-// sm_scale into bf16 afterwards (fa_ws_backward launches all three).
+// A prep kernel computes delta, copies lse beside it into rows padded to whole query tiles, and zeroes
+// the fp32 dQ first; a convert kernel scales dQ by sm_scale into bf16 afterwards (fa_ws_backward
+// launches all three).
 //
 // Keys past N (the next head's rows in the flattened [BH * N, 128] view) and queries past N get
-// P = 0, so they add nothing anywhere; their dK and dV rows are not stored. With the causal mask a
+// P = 0, so they add nothing anywhere; their dK and dV rows are not stored. For queries that needs
+// no test in the loop: their padded lse is +inf, so exp2(s - lse) = 0. With the causal mask a
 // block starts at the query tile of its first key (earlier queries see none of its keys).
 
 namespace fabwd {
@@ -35,7 +37,8 @@ constexpr int Q_HALF = 64 * 64 * 2;    // one TMA box of Q or dO: 64 rows x 64 b
 constexpr int Q_TILE = 2 * Q_HALF;     // 16 KB
 constexpr int DS_TILE = BN * BM * 2;   // dS^T, 128 keys x 64 queries bf16: 16 KB (128-byte rows)
 constexpr int DQ_HALF = BM * 64 * 4;   // one consumer's dQ staging: 64 queries x 64 fp32 = 16 KB,
-constexpr int DQ_BOX = BM * 32 * 4;    // as two TMA boxes of 32 columns (128-byte swizzled rows)
+constexpr int DQ_COLS = 8;             // as eight TMA boxes of 8 columns: 32-byte rows, no swizzle
+constexpr int DQ_BOX = BM * DQ_COLS * 4;
 // K, V; per stage Q and dO; dS^T; dQ staging for both consumers; 1 KB of alignment slack; the
 // barriers: K/V full, then per stage Q full, dO full and empty.
 constexpr int smem_bytes(int stages) {
@@ -70,6 +73,21 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, u
       : "memory");
 }
 
+// The loop's wgmma descriptors as 32-bit halves. desc_k128 and desc_mn put the start address >> 4 in
+// bits 0-13 and the leading offset in bits 16-29 of the low word; the high word (stride 1024 B, the
+// 128-byte swizzle) is the same constant for both. Every tile here is 1024-byte aligned, so a tile's
+// low word plus (offset >> 4) is the low word at that offset: one integer add per wgmma instead of
+// the whole descriptor rebuilt from a masked address (about 200 uniform-datapath instructions a step).
+namespace fabwd {
+constexpr uint32_t DESC_HI = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t desc_lo(uint32_t smem_addr, uint32_t lbo) {
+  return (smem_addr >> 4) + ((lbo >> 4) << 16);
+}
+__device__ __forceinline__ uint64_t desc(uint32_t lo) {
+  return (static_cast<uint64_t>(DESC_HI) << 32) | lo;
+}
+}  // namespace fabwd
+
 // One consumer's rows.
 struct BwdConsumer {
   int c, warp, lane;
@@ -77,27 +95,28 @@ struct BwdConsumer {
 };
 
 // X^T = A_c B^T for one query tile, 64 keys x 64 queries (issued, not waited for): A_c is the
-// consumer's 64 rows of K or V (in the 128-row boxes of the resident tile), B the Q or dO tile.
-__device__ __forceinline__ void issue_keys_by_queries(float (&x)[32], uint32_t a_rows, uint32_t b_tile) {
+// consumer's 64 rows of K or V (in the 128-row boxes of the resident tile), B the Q or dO tile; both
+// K-major, given as desc_lo(tile, 16) (desc_k128's low word).
+__device__ __forceinline__ void issue_keys_by_queries(float (&x)[32], uint32_t a_lo, uint32_t b_lo) {
   using namespace fabwd;
   wgmma_fence();
   fence_operands(x);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_m64n64k16_ss<0, 0>(x, desc_k128(a_rows + (kk / 4) * KV_HALF + (kk % 4) * 32),
-                             desc_k128(b_tile + (kk / 4) * Q_HALF + (kk % 4) * 32), kk == 0);
+    wgmma_m64n64k16_ss<0, 0>(x, desc(a_lo + (((kk / 4) * KV_HALF + (kk % 4) * 32) >> 4)),
+                             desc(b_lo + (((kk / 4) * Q_HALF + (kk % 4) * 32) >> 4)), kk == 0);
   wgmma_commit();
 }
 
 // acc[64 keys x 128] += X^T (registers, 64 keys x 64 queries) @ B (the Q or dO tile, 64 queries x
-// 128, d contiguous: N-major), issued, not waited for.
+// 128, d contiguous: N-major, given as desc_lo(tile, Q_HALF)), issued, not waited for.
 __device__ __forceinline__ void issue_keys_by_d(float (&acc)[64], const uint32_t (&x)[fabwd::BM / 16][4],
-                                                uint32_t b_tile) {
+                                                uint32_t b_lo) {
   using namespace fabwd;
   wgmma_fence();
   fence_operands(acc);
 #pragma unroll
-  for (int t = 0; t < BM / 16; ++t) wgmma_m64n128k16_rs(acc, x[t], desc_mn(b_tile + t * 16 * 128, Q_HALF));
+  for (int t = 0; t < BM / 16; ++t) wgmma_m64n128k16_rs(acc, x[t], desc(b_lo + ((t * 16 * 128) >> 4)));
   wgmma_commit();
 }
 
@@ -142,9 +161,9 @@ template <bool CAUSAL, int STAGES>
 __global__ void __launch_bounds__(fabwd::NT, 1)
     fa_ws_bwd_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                      const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
-                     const __grid_constant__ CUtensorMap map_dq, const float* __restrict__ lse,
-                     const float* __restrict__ delta, bf16* __restrict__ dK, bf16* __restrict__ dV, int N,
-                     float qk_scale, float sm_scale, int BH, int group_heads) {
+                     const __grid_constant__ CUtensorMap map_dq, const float* __restrict__ lse_pad,
+                     const float* __restrict__ delta_pad, bf16* __restrict__ dK, bf16* __restrict__ dV, int N,
+                     int n_pad, float qk_scale, float sm_scale, int BH, int group_heads) {
   using namespace fabwd;
   extern __shared__ uint8_t smem[];
   const uint32_t k_tile = smem_base_1024(smem), v_tile = k_tile + KV_TILE;
@@ -196,14 +215,24 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
   } else {
     // ---- consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
-    const int c = wg - 1;
+    // Broadcast from lane 0 so the compiler knows c is the same in the whole warp: the tile
+    // addresses and descriptors built from it then live in uniform registers.
+    const int c = __shfl_sync(0xffffffffu, wg, 0) - 1;
     BwdConsumer me;
     me.c = c;
     me.warp = (threadIdx.x % 128) / 32;
     me.lane = threadIdx.x % 32;
     me.key[0] = key0 + 64 * c + 16 * me.warp + me.lane / 4;
     me.key[1] = me.key[0] + 8;
-    const uint32_t k_rows = k_tile + c * 64 * 128, v_rows = v_tile + c * 64 * 128;
+    const uint32_t k_lo = desc_lo(k_tile + c * 64 * 128, 16), v_lo = desc_lo(v_tile + c * 64 * 128, 16);
+    const uint32_t ds_lo = desc_lo(ds_tile, Q_HALF), kc_lo = desc_lo(k_tile + c * KV_HALF, KV_HALF);
+    // This thread's first query column in a tile; lse and delta of its 16 columns are 8 float2
+    // loads at constant offsets from it.
+    const float* lse_row = lse_pad + static_cast<int64_t>(bh) * n_pad + 2 * (me.lane % 4);
+    const float* delta_row = delta_pad + static_cast<int64_t>(bh) * n_pad + 2 * (me.lane % 4);
+    // The staging of this consumer's dQ columns: box jj (columns 8jj ..), row q at 32 q bytes.
+    const uint32_t stage = dq_stage + c * DQ_HALF;
+    const uint32_t dq_at = stage + (16 * me.warp + me.lane / 4) * 32 + 8 * (me.lane % 4);
     float dk[64], dv[64], x[32], y[32];
     uint32_t a[BM / 16][4];
 #pragma unroll
@@ -217,25 +246,22 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       const int q0 = (first + i) * BM;
       // S^T = K_c Q^T and dP^T = V_c dO^T issued back to back; meanwhile this thread's lse and
       // delta (16 query columns each).
+      const uint32_t q_lo = desc_lo(q_slot, 16), do_lo = desc_lo(do_slot, 16);
       mbar_wait(q_full + 8 * s, parity);
-      issue_keys_by_queries(x, k_rows, q_slot);
+      issue_keys_by_queries(x, k_lo, q_lo);
       mbar_wait(do_full + 8 * s, parity);
-      issue_keys_by_queries(y, v_rows, do_slot);
-      float lse_q[16], delta_q[16];
+      issue_keys_by_queries(y, v_lo, do_lo);
+      float2 lse_q[BM / 8], delta_q[BM / 8];
 #pragma unroll
-      for (int jj = 0; jj < BM / 8; ++jj)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int q = query_of(me, q0, jj, e);
-          const bool ok = q < N;
-          lse_q[2 * jj + e] = ok ? lse[static_cast<int64_t>(bh) * N + q] : 0.f;
-          delta_q[2 * jj + e] = ok ? delta[static_cast<int64_t>(bh) * N + q] : 0.f;
-        }
+      for (int jj = 0; jj < BM / 8; ++jj) {
+        lse_q[jj] = *reinterpret_cast<const float2*>(lse_row + q0 + 8 * jj);
+        delta_q[jj] = *reinterpret_cast<const float2*>(delta_row + q0 + 8 * jj);
+      }
       wgmma_wait<1>();  // S^T is done; dP^T may still run while P is computed
       fence_operands(x);
-      // P^T = exp2(S^T * scale - lse), 0 where the key is past N, the query past N, or (causal)
-      // the key after the query.
-      const bool edge = q0 + BM > N || key0 + BN > N || (CAUSAL && q0 < key0 + BN);
+      // P^T = exp2(S^T * scale - lse): 0 for a query past N (lse +inf); set to 0 where the key is
+      // past N or (causal) after the query.
+      const bool edge = key0 + BN > N || (CAUSAL && q0 < key0 + BN);
 #pragma unroll
       for (int jj = 0; jj < BM / 8; ++jj)
 #pragma unroll
@@ -243,17 +269,17 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& p = x[4 * jj + 2 * h + e];
-            p = exp2_ftz(fmaf(p, qk_scale, -lse_q[2 * jj + e]));
+            p = exp2_ftz(fmaf(p, qk_scale, -(e ? lse_q[jj].y : lse_q[jj].x)));
             if (edge) {
               const int q = query_of(me, q0, jj, e);
-              if (q >= N || me.key[h] >= N || (CAUSAL && me.key[h] > q)) p = 0.f;
+              if (me.key[h] >= N || (CAUSAL && me.key[h] > q)) p = 0.f;
             }
           }
       pack_a(a, x);
       wgmma_wait<0>();
       fence_operands(y);
       // dV_c += P^T dO
-      issue_keys_by_d(dv, a, do_slot);
+      issue_keys_by_d(dv, a, desc_lo(do_slot, Q_HALF));
       // dS^T = P^T (dP^T - delta)
 #pragma unroll
       for (int jj = 0; jj < BM / 8; ++jj)
@@ -262,7 +288,7 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int k = 4 * jj + 2 * h + e;
-            y[k] = x[k] * (y[k] - delta_q[2 * jj + e]);
+            y[k] = x[k] * (y[k] - (e ? delta_q[jj].y : delta_q[jj].x));
           }
       wgmma_wait<0>();  // dV's product read the packed P: now a may be overwritten
       fence_operands(dv);
@@ -276,45 +302,42 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       // dK_c += dS^T Q, then (both consumers' dS^T in shared memory) dQ[:, 64c .. 64c + 63] =
       // dS K_{:, 64c ..} into x (P is dead): A = dS^T stored key-major (MN-major A), B = the K box
       // c, d contiguous (MN-major B); 8 k16 slices of 16 keys. One wait for both.
-      issue_keys_by_d(dk, a, q_slot);
+      issue_keys_by_d(dk, a, desc_lo(q_slot, Q_HALF));
       named_sync(2, 256);
       wgmma_fence();
       fence_operands(x);
 #pragma unroll
       for (int t = 0; t < BN / 16; ++t)
-        wgmma_m64n64k16_ss<1, 1>(x, desc_mn(ds_tile + t * 16 * 128, Q_HALF),
-                                 desc_mn(k_tile + c * KV_HALF + t * 16 * 128, KV_HALF), t == 0);
+        wgmma_m64n64k16_ss<1, 1>(x, desc(ds_lo + ((t * 16 * 128) >> 4)), desc(kc_lo + ((t * 16 * 128) >> 4)),
+                                 t == 0);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dk);
       fence_operands(x);
       if (me.lane == 0) mbar_arrive(empty + 8 * s);  // Q and dO of this slot are no longer read
       // This consumer's staging tile is free once its previous reduction has read it.
-      const uint32_t stage = dq_stage + c * DQ_HALF;
       if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
       named_sync(3 + c, 128);
-      // Two boxes of 32 columns in 128-byte swizzled rows (a plain 256-byte row put the eight rows
-      // a warp stores in the same banks: eight-way conflicts).
-      const int qr = 16 * me.warp + me.lane / 4;
+      // Eight boxes of 8 columns, 32-byte rows: each half-warp's 8-byte stores cover four whole rows,
+      // 128 contiguous bytes, so no two of its threads share a bank. (Two boxes of 32 columns in
+      // 128-byte swizzled rows put rows r and r ^ 1 on the same banks: two-way conflicts, 68 M of
+      // them at 8,192 tokens in Nsight Compute.)
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = qr + 8 * h, byte = 32 * (jj % 4) + 8 * (me.lane % 4);
-          const uint32_t addr = stage + (jj / 4) * DQ_BOX + swizzle_128b(row, byte / 16) + byte % 16;
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x[4 * jj + 2 * h]),
-                       "f"(x[4 * jj + 2 * h + 1])
+        for (int h = 0; h < 2; ++h)
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_at + jj * DQ_BOX + h * 8 * 32),
+                       "f"(x[4 * jj + 2 * h]), "f"(x[4 * jj + 2 * h + 1])
                        : "memory");
-        }
       fence_proxy_async();
       named_sync(3 + c, 128);
       if (threadIdx.x % 128 == 0) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
+        for (int box = 0; box < 64 / DQ_COLS; ++box)
           asm volatile(
               "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n"
-              ::"l"(reinterpret_cast<uint64_t>(&map_dq)), "r"(64 * c + 32 * half), "r"(bh * N + q0),
-              "r"(stage + half * DQ_BOX)
+              ::"l"(reinterpret_cast<uint64_t>(&map_dq)), "r"(64 * c + DQ_COLS * box), "r"(bh * N + q0),
+              "r"(stage + box * DQ_BOX)
               : "memory");
         asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
       }
@@ -338,27 +361,36 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
   }
 }
 
-// The fp32 dQ as a TMA target of 64-row x 32-column boxes, 128-byte swizzled like the staging tile.
+// The fp32 dQ as a TMA target of 64-row x 8-column boxes, unswizzled like the staging tile.
 static const char* fabwd_dq_map(CUtensorMap* map, float* dq, int rows) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = hgemm_encode_tiled();
   if (encode == nullptr) return "cuTensorMapEncodeTiled not found";
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(fabwd::D), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {fabwd::D * sizeof(float)};
-  const cuuint32_t box[2] = {32, fabwd::BM};
+  const cuuint32_t box[2] = {fabwd::DQ_COLS, fabwd::BM};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult rc = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, dq, dims, strides, box, elem_strides,
-                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return rc == CUDA_SUCCESS ? nullptr : "cuTensorMapEncodeTiled rejected the dQ tensor map";
 }
 
-// Before the main kernel: delta_i = sum_d dO_id O_id in fp32 (the row term of dS = P (dP - delta))
-// and that row of the fp32 dQ accumulator zeroed, one warp per row (one read of O and dO, one write
-// of the accumulator; the torch expression it replaces made six passes over fp32 copies).
+// Before the main kernel, one warp per query row of the padded [BH, n_pad] statistics (n_pad = N
+// rounded up to whole query tiles): delta_i = sum_d dO_id O_id in fp32 (the row term of dS = P (dP -
+// delta)) and lse_i beside it, and that row of the fp32 dQ accumulator zeroed (one read of O and dO,
+// one write of the accumulator; the torch expression it replaces made six passes over fp32 copies).
+// Rows i >= N get lse = +inf and delta = 0, so the main kernel's P is 0 there without a test.
 __global__ void fa_ws_bwd_prep_kernel(const bf16* __restrict__ O, const bf16* __restrict__ dO,
-                                      float* __restrict__ delta, float* __restrict__ dq_acc, int rows) {
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= rows) return;
+                                      const float* __restrict__ lse, float* __restrict__ lse_pad,
+                                      float* __restrict__ delta_pad, float* __restrict__ dq_acc, int N,
+                                      int n_pad, int padded_rows) {
+  const int at_pad = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (at_pad >= padded_rows) return;
+  const int i = at_pad % n_pad, row = (at_pad / n_pad) * N + i;
+  if (i >= N) {
+    if (lane == 0) lse_pad[at_pad] = __int_as_float(0x7f800000), delta_pad[at_pad] = 0.f;
+    return;
+  }
   const int64_t at = static_cast<int64_t>(row) * fabwd::D + 4 * lane;  // 4 of the 128 columns
   const uint2 o = *reinterpret_cast<const uint2*>(O + at), g = *reinterpret_cast<const uint2*>(dO + at);
   const float2 o0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.x)),
@@ -368,7 +400,7 @@ __global__ void fa_ws_bwd_prep_kernel(const bf16* __restrict__ O, const bf16* __
   float sum = o0.x * g0.x + o0.y * g0.y + o1.x * g1.x + o1.y * g1.y;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (lane == 0) delta[row] = sum;
+  if (lane == 0) delta_pad[at_pad] = sum, lse_pad[at_pad] = lse[row];
   *reinterpret_cast<float4*>(dq_acc + at) = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
@@ -387,10 +419,12 @@ __global__ void fa_ws_bwd_dq_kernel(const float* __restrict__ dq_acc, bf16* __re
 }
 
 // Q, K, V, O, dO, dQ, dK, dV: [BH * N, 128] bf16 row-major; lse: [BH * N] fp32 (log2 units, from the
-// forward); delta [BH * N] and dq_acc [BH * N, 128]: fp32 workspaces. Three launches on stream s:
-// prep, the backward, the dQ conversion. nullptr when they launched.
+// forward); stats [2, BH, fabwd_padded(N)] (lse and delta padded) and dq_acc [BH * N, 128]: fp32
+// workspaces. Three launches on stream s: prep, the backward, the dQ conversion. nullptr when they
+// launched.
+constexpr int fabwd_padded(int N) { return HG_CEIL_DIV(N, fabwd::BM) * fabwd::BM; }
 const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf16* O, const bf16* dO,
-                           const float* lse, float* delta, float* dq_acc, bf16* dQ, bf16* dK, bf16* dV,
+                           const float* lse, float* stats, float* dq_acc, bf16* dQ, bf16* dK, bf16* dV,
                            int BH, int N, float qk_scale, float sm_scale, bool causal, int stages,
                            int group_heads, cudaStream_t s) {
   using namespace fabwd;
@@ -408,11 +442,13 @@ const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf
   const Kernel kernel = kernels[causal][stages - 2];
   const int smem = smem_bytes(stages);
   if ((err = hgemm_allow_smem(kernel, smem))) return err;
-  const int rows = BH * N;
-  fa_ws_bwd_prep_kernel<<<HG_CEIL_DIV(rows, 8), 256, 0, s>>>(O, dO, delta, dq_acc, rows);
+  const int rows = BH * N, n_pad = fabwd_padded(N), padded_rows = BH * n_pad;
+  float *lse_pad = stats, *delta_pad = stats + padded_rows;
+  fa_ws_bwd_prep_kernel<<<HG_CEIL_DIV(padded_rows, 8), 256, 0, s>>>(O, dO, lse, lse_pad, delta_pad, dq_acc, N,
+                                                                     n_pad, padded_rows);
   const dim3 grid = group_heads > 0 ? dim3(HG_CEIL_DIV(N, BN) * BH) : dim3(HG_CEIL_DIV(N, BN), BH);
-  kernel<<<grid, NT, smem, s>>>(map_q, map_k, map_v, map_do, map_dq, lse, delta, dK, dV, N, qk_scale,
-                                sm_scale, BH, group_heads);
+  kernel<<<grid, NT, smem, s>>>(map_q, map_k, map_v, map_do, map_dq, lse_pad, delta_pad, dK, dV, N, n_pad,
+                                qk_scale, sm_scale, BH, group_heads);
   const int64_t n8 = static_cast<int64_t>(rows) * D / 8;
   const int64_t blocks = HG_CEIL_DIV(n8, 256);
   fa_ws_bwd_dq_kernel<<<static_cast<int>(blocks < 4096 ? blocks : 4096), 256, 0, s>>>(dq_acc, dQ, n8, sm_scale);

@@ -20,6 +20,9 @@ import kernels.cuda as ladder
 from kernels.cuda import fa_ws
 
 SOURCES = ["hgemm_common.cuh", "fa_ws.cu", "fa_ws_bwd.cu"]
+# With the causal mask, blocks in groups of two heads, the longest key tiles first: 3-5% faster than
+# the 2-D grid at 8,192 tokens on an H100; without it the 2-D grid is as fast as any grouping.
+CAUSAL_GROUP_HEADS = 2
 SIGNATURE = (
     "std::vector<torch::Tensor> fa_ws_bwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
     "torch::Tensor o, torch::Tensor lse, torch::Tensor dout, bool causal, double sm_scale, "
@@ -50,15 +53,18 @@ def backward(
     sm_scale: float | None = None,
     *,
     stages: int = 2,
-    group_heads: int = 0,
+    group_heads: int | None = None,
 ):
     """``(dq, dk, dv)`` of ``o = attention(q, k, v)`` for the upstream gradient ``do``: bf16
     ``[B, H, N, 128]`` tensors and the forward's fp32 ``lse`` ``[B, H, N]`` (log2 units).
     ``stages`` (2 or 3): slots of the Q/dO ring; ``group_heads``: 0 for the 2-D grid, or order the
-    blocks in groups of that many heads, key tiles ascending (the causal mask's longest first)."""
+    blocks in groups of that many heads, key tiles ascending (the causal mask's longest first);
+    ``None`` picks ``CAUSAL_GROUP_HEADS`` with the causal mask and 0 without (page 4.12's table)."""
     scale = fa_ws._check(q, k, v, sm_scale)
     if stages not in (2, 3):
         raise ValueError(f"stages must be 2 or 3, got {stages!r}")
+    if group_heads is None:
+        group_heads = CAUSAL_GROUP_HEADS if causal else 0
     if not isinstance(group_heads, int) or group_heads < 0:
         raise ValueError(f"group_heads must be a non-negative int, got {group_heads!r}")
     for name, t in (("o", o), ("do", do)):

@@ -20,7 +20,7 @@ std::vector<torch::Tensor> fa_ws_bwd(torch::Tensor q, torch::Tensor k, torch::Te
   const c10::cuda::OptionalCUDAGuard guard(q.device());
   const int BH = q.size(0) * q.size(1), N = q.size(2);
   auto f32 = q.options().dtype(torch::kFloat32);
-  auto delta = torch::empty({static_cast<int64_t>(BH) * N}, f32);
+  auto stats = torch::empty({2, static_cast<int64_t>(BH) * fabwd_padded(N)}, f32);  // lse, delta
   auto dq_acc = torch::empty({static_cast<int64_t>(BH) * N, fabwd::D}, f32);
   auto dq = torch::empty_like(q);
   auto dk = torch::empty_like(k);
@@ -29,7 +29,7 @@ std::vector<torch::Tensor> fa_ws_bwd(torch::Tensor q, torch::Tensor k, torch::Te
   const auto out = [](torch::Tensor& t) { return reinterpret_cast<bf16*>(t.data_ptr()); };
   const float qk_scale = static_cast<float>(sm_scale * 1.4426950408889634);  // scores in log2 units
   const char* err = fa_ws_backward(in(q), in(k), in(v), in(o), in(dout), lse.data_ptr<float>(),
-                                   delta.data_ptr<float>(), dq_acc.data_ptr<float>(), out(dq), out(dk),
+                                   stats.data_ptr<float>(), dq_acc.data_ptr<float>(), out(dq), out(dk),
                                    out(dv), BH, N, qk_scale, static_cast<float>(sm_scale), causal,
                                    static_cast<int>(stages), static_cast<int>(group_heads),
                                    at::cuda::getCurrentCUDAStream());
