@@ -36,20 +36,17 @@ constexpr int KV_TILE = 2 * KV_HALF;   // all 128 columns: 32 KB
 constexpr int Q_HALF = 64 * 64 * 2;    // one TMA box of Q or dO: 64 rows x 64 bf16 = 8 KB
 constexpr int Q_TILE = 2 * Q_HALF;     // 16 KB
 constexpr int DS_TILE = BN * BM * 2;   // dS^T, 128 keys x 64 queries bf16: 16 KB (128-byte rows)
-constexpr int DS_HALF = DS_TILE / 2;   // one consumer's 64 keys of it
 constexpr int DQ_HALF = BM * 64 * 4;   // one consumer's dQ staging: 64 queries x 64 fp32 = 16 KB,
 constexpr int DQ_COLS = 8;             // as eight TMA boxes of 8 columns: 32-byte rows, no swizzle
 constexpr int DQ_BOX = BM * DQ_COLS * 4;
-// K, V; per stage Q and dO; dS^T; dQ staging for both consumers (split: all 128 columns each); 1 KB
-// of alignment slack; the barriers: K/V full, then per stage Q full, dO full and empty.
-__host__ __device__ constexpr int dq_staging(bool split) { return split ? 2 * DQ_HALF : DQ_HALF; }
-constexpr int smem_bytes(int stages, bool split) {
-  return 2 * KV_TILE + stages * 2 * Q_TILE + DS_TILE + 2 * dq_staging(split) + 1024 + (1 + 3 * stages) * 8;
+// K, V; per stage Q and dO; dS^T; dQ staging for both consumers; 1 KB of alignment slack; the
+// barriers: K/V full, then per stage Q full, dO full and empty.
+constexpr int smem_bytes(int stages) {
+  return 2 * KV_TILE + stages * 2 * Q_TILE + DS_TILE + 2 * DQ_HALF + 1024 + (1 + 3 * stages) * 8;
 }
 constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
-static_assert(smem_bytes(3, false) <= 227 * 1024, "shared memory per block, three ring slots");
-static_assert(smem_bytes(2, true) <= 227 * 1024, "shared memory per block, split dQ");
+static_assert(smem_bytes(3) <= 227 * 1024, "shared memory per block, three ring slots");
 }  // namespace fabwd
 
 // The 32 fp32 accumulators of one m64n64 wgmma (operands %0-%31).
@@ -145,7 +142,7 @@ __device__ __forceinline__ int query_of(const BwdConsumer& me, int q0, int jj, i
 // columns in 128-byte swizzled rows, the layout the dQ product reads as its MN-major A operand.
 __device__ __forceinline__ void store_ds(uint32_t ds_tile, const uint32_t (&a)[fabwd::BM / 16][4],
                                          const BwdConsumer& me) {
-  const int r = 64 * me.c + 16 * me.warp + me.lane / 4;  // ds_tile + DS_HALF * c is row 64 c's
+  const int r = 64 * me.c + 16 * me.warp + me.lane / 4;
 #pragma unroll
   for (int t = 0; t < fabwd::BM / 16; ++t)
 #pragma unroll
@@ -160,10 +157,7 @@ __device__ __forceinline__ void store_ds(uint32_t ds_tile, const uint32_t (&a)[f
 // STAGES: slots of the Q/dO ring (2 or 3). group_heads > 0: a 1-D grid, blocks ordered in groups of
 // that many heads, key tiles of a group ascending (with the causal mask, the longest first), heads
 // fastest within a key tile; 0: the 2-D grid (key tiles fastest, then heads).
-// SPLIT: each consumer adds its own keys' share of dQ, dS_c K_c over all 128 columns, into the fp32
-// dQ (twice the reductions), so the consumers never wait for each other; otherwise they exchange
-// dS^T through shared memory every step and each adds 64 columns of dS K.
-template <bool CAUSAL, int STAGES, bool SPLIT>
+template <bool CAUSAL, int STAGES>
 __global__ void __launch_bounds__(fabwd::NT, 1)
     fa_ws_bwd_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                      const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
@@ -175,7 +169,7 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
   const uint32_t k_tile = smem_base_1024(smem), v_tile = k_tile + KV_TILE;
   const uint32_t ring = v_tile + KV_TILE;  // per stage: Q tile, then dO tile
   const uint32_t ds_tile = ring + STAGES * 2 * Q_TILE, dq_stage = ds_tile + DS_TILE;
-  const uint32_t kv_full = dq_stage + 2 * dq_staging(SPLIT), q_full = kv_full + 8, do_full = q_full + STAGES * 8,
+  const uint32_t kv_full = dq_stage + 2 * DQ_HALF, q_full = kv_full + 8, do_full = q_full + STAGES * 8,
                  empty = do_full + STAGES * 8;
   int key_tile = blockIdx.x, bh = blockIdx.y;
   if (group_heads > 0) {
@@ -232,14 +226,12 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
     me.key[1] = me.key[0] + 8;
     const uint32_t k_lo = desc_lo(k_tile + c * 64 * 128, 16), v_lo = desc_lo(v_tile + c * 64 * 128, 16);
     const uint32_t ds_lo = desc_lo(ds_tile, Q_HALF), kc_lo = desc_lo(k_tile + c * KV_HALF, KV_HALF);
-    // SPLIT: A = this consumer's dS^T rows, B = its 64 key rows of K, both 64-column boxes of d.
-    const uint32_t ds_own_lo = desc_lo(ds_tile + c * DS_HALF, Q_HALF), k_own_lo = desc_lo(k_tile + c * 64 * 128, KV_HALF);
     // This thread's first query column in a tile; lse and delta of its 16 columns are 8 float2
     // loads at constant offsets from it.
     const float* lse_row = lse_pad + static_cast<int64_t>(bh) * n_pad + 2 * (me.lane % 4);
     const float* delta_row = delta_pad + static_cast<int64_t>(bh) * n_pad + 2 * (me.lane % 4);
     // The staging of this consumer's dQ columns: box jj (columns 8jj ..), row q at 32 q bytes.
-    const uint32_t stage = dq_stage + c * dq_staging(SPLIT);
+    const uint32_t stage = dq_stage + c * DQ_HALF;
     const uint32_t dq_at = stage + (16 * me.warp + me.lane / 4) * 32 + 8 * (me.lane % 4);
     float dk[64], dv[64], x[32], y[32];
     uint32_t a[BM / 16][4];
@@ -301,45 +293,27 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       wgmma_wait<0>();  // dV's product read the packed P: now a may be overwritten
       fence_operands(dv);
       pack_a(a, y);
-      // dS^T to shared memory, once the other consumer's previous dQ product is done with it (SPLIT:
-      // this consumer's own, waited for last step), and before the dK product takes a as its
-      // operand (registers an in-flight wgmma reads may not be accessed until it is waited for).
-      if (!SPLIT) named_sync(1, 256);
+      // dS^T to shared memory, once the other consumer's previous dQ product is done with it, and
+      // before the dK product takes a as its operand (registers an in-flight wgmma reads may not
+      // be accessed until it is waited for).
+      named_sync(1, 256);
       store_ds(ds_tile, a, me);
       fence_proxy_async();
-      // dK_c += dS^T Q, then dQ into x (and y: P and dP are dead). Shared: both consumers' dS^T in
-      // shared memory, dQ[:, 64c .. 64c + 63] = dS K_{:, 64c ..}: A = dS^T stored key-major (MN-major
-      // A), B = the K box c, d contiguous (MN-major B); 8 k16 slices of 16 keys. SPLIT: this
-      // consumer's share of all 128 columns, dS_c K_c: 4 k16 slices of its 64 keys. One wait for both.
+      // dK_c += dS^T Q, then (both consumers' dS^T in shared memory) dQ[:, 64c .. 64c + 63] =
+      // dS K_{:, 64c ..} into x (P is dead): A = dS^T stored key-major (MN-major A), B = the K box
+      // c, d contiguous (MN-major B); 8 k16 slices of 16 keys. One wait for both.
       issue_keys_by_d(dk, a, desc_lo(q_slot, Q_HALF));
-      // SPLIT: dK's product done first, so that a is free while dQ's 64 accumulators are in flight
-      // (with dK, dV, a, x and y all live, ptxas serialises the non-causal kernel's wgmma).
-      if (SPLIT) wgmma_wait<0>();
-      named_sync(SPLIT ? 1 + c : 2, SPLIT ? 128 : 256);
+      named_sync(2, 256);
       wgmma_fence();
       fence_operands(x);
-      fence_operands(y);
-      if (SPLIT) {
-        // Columns 0-63 into x, 64-127 into y (the second 64-column box of K, KV_HALF on), as two
-        // n64 products: one n128 product would need x and y as one block of 64 registers.
 #pragma unroll
-        for (int t = 0; t < 64 / 16; ++t) {
-          wgmma_m64n64k16_ss<1, 1>(x, desc(ds_own_lo + ((t * 16 * 128) >> 4)),
-                                   desc(k_own_lo + ((t * 16 * 128) >> 4)), t == 0);
-          wgmma_m64n64k16_ss<1, 1>(y, desc(ds_own_lo + ((t * 16 * 128) >> 4)),
-                                   desc(k_own_lo + ((KV_HALF + t * 16 * 128) >> 4)), t == 0);
-        }
-      } else {
-#pragma unroll
-        for (int t = 0; t < BN / 16; ++t)
-          wgmma_m64n64k16_ss<1, 1>(x, desc(ds_lo + ((t * 16 * 128) >> 4)), desc(kc_lo + ((t * 16 * 128) >> 4)),
-                                   t == 0);
-      }
+      for (int t = 0; t < BN / 16; ++t)
+        wgmma_m64n64k16_ss<1, 1>(x, desc(ds_lo + ((t * 16 * 128) >> 4)), desc(kc_lo + ((t * 16 * 128) >> 4)),
+                                 t == 0);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dk);
       fence_operands(x);
-      fence_operands(y);
       if (me.lane == 0) mbar_arrive(empty + 8 * s);  // Q and dO of this slot are no longer read
       // This consumer's staging tile is free once its previous reduction has read it.
       if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
@@ -351,24 +325,19 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h)
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_at + jj * DQ_BOX + h * 8 * 32),
                        "f"(x[4 * jj + 2 * h]), "f"(x[4 * jj + 2 * h + 1])
                        : "memory");
-          if (SPLIT)
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_at + (8 + jj) * DQ_BOX + h * 8 * 32),
-                         "f"(y[4 * jj + 2 * h]), "f"(y[4 * jj + 2 * h + 1])
-                         : "memory");
-        }
       fence_proxy_async();
       named_sync(3 + c, 128);
       if (threadIdx.x % 128 == 0) {
 #pragma unroll
-        for (int box = 0; box < (SPLIT ? 128 : 64) / DQ_COLS; ++box)
+        for (int box = 0; box < 64 / DQ_COLS; ++box)
           asm volatile(
               "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n"
-              ::"l"(reinterpret_cast<uint64_t>(&map_dq)), "r"((SPLIT ? 0 : 64 * c) + DQ_COLS * box),
-              "r"(bh * N + q0), "r"(stage + box * DQ_BOX)
+              ::"l"(reinterpret_cast<uint64_t>(&map_dq)), "r"(64 * c + DQ_COLS * box), "r"(bh * N + q0),
+              "r"(stage + box * DQ_BOX)
               : "memory");
         asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
       }
@@ -457,7 +426,7 @@ constexpr int fabwd_padded(int N) { return HG_CEIL_DIV(N, fabwd::BM) * fabwd::BM
 const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf16* O, const bf16* dO,
                            const float* lse, float* stats, float* dq_acc, bf16* dQ, bf16* dK, bf16* dV,
                            int BH, int N, float qk_scale, float sm_scale, bool causal, int stages,
-                           int group_heads, bool split, cudaStream_t s) {
+                           int group_heads, cudaStream_t s) {
   using namespace fabwd;
   CUtensorMap map_q, map_k, map_v, map_do, map_dq;
   const char* err;
@@ -466,15 +435,12 @@ const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf
   if ((err = hgemm_tensor_map(&map_k, K, BH * N, D, BN))) return err;
   if ((err = hgemm_tensor_map(&map_v, V, BH * N, D, BN))) return err;
   if ((err = fabwd_dq_map(&map_dq, dq_acc, BH * N))) return err;
-  using Kernel = decltype(&fa_ws_bwd_kernel<false, 2, false>);
-  // [causal][stages 2, stages 3, split dQ (two stages)]
-  const Kernel kernels[2][3] = {
-      {fa_ws_bwd_kernel<false, 2, false>, fa_ws_bwd_kernel<false, 3, false>, fa_ws_bwd_kernel<false, 2, true>},
-      {fa_ws_bwd_kernel<true, 2, false>, fa_ws_bwd_kernel<true, 3, false>, fa_ws_bwd_kernel<true, 2, true>}};
+  using Kernel = decltype(&fa_ws_bwd_kernel<false, 2>);
+  const Kernel kernels[2][2] = {{fa_ws_bwd_kernel<false, 2>, fa_ws_bwd_kernel<false, 3>},
+                                {fa_ws_bwd_kernel<true, 2>, fa_ws_bwd_kernel<true, 3>}};
   if (stages != 2 && stages != 3) return "stages must be 2 or 3";
-  if (split && stages != 2) return "split dQ needs stages = 2 (three would not fit in shared memory)";
-  const Kernel kernel = kernels[causal][split ? 2 : stages - 2];
-  const int smem = smem_bytes(stages, split);
+  const Kernel kernel = kernels[causal][stages - 2];
+  const int smem = smem_bytes(stages);
   if ((err = hgemm_allow_smem(kernel, smem))) return err;
   const int rows = BH * N, n_pad = fabwd_padded(N), padded_rows = BH * n_pad;
   float *lse_pad = stats, *delta_pad = stats + padded_rows;

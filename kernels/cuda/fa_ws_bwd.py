@@ -23,12 +23,10 @@ SOURCES = ["hgemm_common.cuh", "fa_ws.cu", "fa_ws_bwd.cu"]
 # With the causal mask, blocks in groups of two heads, the longest key tiles first: 3-5% faster than
 # the 2-D grid at 8,192 tokens on an H100; without it the 2-D grid is as fast as any grouping.
 CAUSAL_GROUP_HEADS = 2
-# The default dQ scheme (backward's split): False until measured.
-SPLIT = False
 SIGNATURE = (
     "std::vector<torch::Tensor> fa_ws_bwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
     "torch::Tensor o, torch::Tensor lse, torch::Tensor dout, bool causal, double sm_scale, "
-    "int64_t stages, int64_t group_heads, bool split);"
+    "int64_t stages, int64_t group_heads);"
 )
 
 
@@ -56,22 +54,15 @@ def backward(
     *,
     stages: int = 2,
     group_heads: int | None = None,
-    split: bool | None = None,
 ):
     """``(dq, dk, dv)`` of ``o = attention(q, k, v)`` for the upstream gradient ``do``: bf16
     ``[B, H, N, 128]`` tensors and the forward's fp32 ``lse`` ``[B, H, N]`` (log2 units).
     ``stages`` (2 or 3): slots of the Q/dO ring; ``group_heads``: 0 for the 2-D grid, or order the
     blocks in groups of that many heads, key tiles ascending (the causal mask's longest first);
-    ``None`` picks ``CAUSAL_GROUP_HEADS`` with the causal mask and 0 without (page 4.12's table);
-    ``split``: each consumer warpgroup adds its own keys' share of dQ (twice the reductions, no
-    exchange of dS between the consumers; two stages only); ``None`` picks ``SPLIT``."""
+    ``None`` picks ``CAUSAL_GROUP_HEADS`` with the causal mask and 0 without (page 4.12's table)."""
     scale = fa_ws._check(q, k, v, sm_scale)
     if stages not in (2, 3):
         raise ValueError(f"stages must be 2 or 3, got {stages!r}")
-    if split is None:
-        split = SPLIT
-    if split and stages != 2:
-        raise ValueError(f"split needs stages=2, got {stages!r}")
     if group_heads is None:
         group_heads = CAUSAL_GROUP_HEADS if causal else 0
     if not isinstance(group_heads, int) or group_heads < 0:
@@ -87,8 +78,9 @@ def backward(
     if q.numel() == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, o, do = (ladder._aligned(t.contiguous()) for t in (q, k, v, o, do))
-    options = (bool(causal), scale, int(stages), int(group_heads), bool(split))
-    dq, dk, dv = _module().fa_ws_bwd(q, k, v, o, lse.contiguous(), do, *options)
+    dq, dk, dv = _module().fa_ws_bwd(
+        q, k, v, o, lse.contiguous(), do, bool(causal), scale, int(stages), int(group_heads)
+    )
     return dq, dk, dv
 
 

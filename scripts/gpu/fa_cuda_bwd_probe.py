@@ -36,12 +36,7 @@ def backwards(q, k, v, do, causal: bool) -> dict:
     """name -> a zero-argument call computing (dq, dk, dv) of the same attention."""
     o, lse = fa_ws.attention(q, k, v, causal=causal)
     calls = {
-        "cuda-ws-shared": functools.partial(
-            fa_ws_bwd.backward, q, k, v, o, lse, do, causal, split=False
-        ),
-        "cuda-ws-split": functools.partial(
-            fa_ws_bwd.backward, q, k, v, o, lse, do, causal, split=True
-        ),
+        "cuda-ws": functools.partial(fa_ws_bwd.backward, q, k, v, o, lse, do, causal),
         "course": functools.partial(fa._backward, q, k, v, o, lse, do, causal, 1 / math.sqrt(D)),
     }
     if fa.sdpa_available("cudnn", DTYPE, D):
@@ -62,9 +57,9 @@ def main() -> None:
     print(
         f"\n== backward timings (bf16, d={D}, 16 heads, 16k tokens; TFLOP/s = 2.5 x fwd_flops) =="
     )
-    best = "cuda-ws-split" if fa_ws_bwd.SPLIT else "cuda-ws-shared"  # the default, the goal's
-    print(f"  {'N':>6} {'causal':<6} {'shared':>8} {'split':>8} {'course':>8} {'cudnn':>8}   "
-          f"split/shared  ws/cudnn  ws/course   (ws = {best})")  # fmt: skip
+    print(
+        f"  {'N':>6} {'causal':<6} {'cuda-ws':>9} {'course':>9} {'cudnn':>9}   ws/cudnn  ws/course"
+    )
     missed = []
     for n in SEQS:
         shape = shape_for(n)
@@ -75,12 +70,11 @@ def main() -> None:
             ms = {name: bench.measure(call, flops=flops)
                   for name, call in backwards(q, k, v, do, causal).items()}  # fmt: skip
             tf = {name: m.tflops for name, m in ms.items()}
-            vs_cudnn = tf[best] / tf["sdpa-cudnn"] if "sdpa-cudnn" in tf else None
-            print(f"  {n:>6} {causal!s:<6} {tf['cuda-ws-shared']:>8.1f} {tf['cuda-ws-split']:>8.1f} "
-                  f"{tf['course']:>8.1f} {tf.get('sdpa-cudnn', float('nan')):>8.1f}   "
-                  f"{tf['cuda-ws-split'] / tf['cuda-ws-shared']:>12.3f}  "
+            vs_cudnn = tf["cuda-ws"] / tf["sdpa-cudnn"] if "sdpa-cudnn" in tf else None
+            print(f"  {n:>6} {causal!s:<6} {tf['cuda-ws']:>9.1f} {tf['course']:>9.1f} "
+                  f"{tf.get('sdpa-cudnn', float('nan')):>9.1f}   "
                   f"{vs_cudnn if vs_cudnn else float('nan'):>8.3f}  "
-                  f"{tf[best] / tf['course']:>9.3f}", flush=True)  # fmt: skip
+                  f"{tf['cuda-ws'] / tf['course']:>9.3f}", flush=True)  # fmt: skip
             if n >= GOAL_MIN_N and vs_cudnn is not None and vs_cudnn < GOAL:
                 missed.append(f"N={n} causal={causal} ({vs_cudnn:.3f}x)")
             if args.out:
@@ -89,9 +83,9 @@ def main() -> None:
                 with open(args.out, "a") as f:
                     for name, m in ms.items():
                         rec = bench.record("flash_attention_cuda_ws", name + tag, shape, DTYPE, m,
-                                           baseline=base if name.startswith("cuda-ws") else None)  # fmt: skip
+                                           baseline=base if name == "cuda-ws" else None)  # fmt: skip
                         f.write(json.dumps(rec) + "\n")
-    print(f"\n  goal (issue 19): {best} >= {GOAL}x cuDNN's backward at N >= {GOAL_MIN_N}")
+    print(f"\n  goal (issue 19): cuda-ws >= {GOAL}x cuDNN's backward at N >= {GOAL_MIN_N}")
     print("  MISSED at " + ", ".join(missed) if missed else "  MET at every N >= 4096")
 
 
