@@ -15,8 +15,8 @@
 //     dK_c += dS^T Q              wgmma m64n128k16, dS^T from registers, Q N-major
 //   both consumers write dS^T (bf16) to shared memory; then consumer c computes columns 64c ..
 //   64c + 63 of this step's dQ = dS K (wgmma m64n64k16 with both operands MN-major: dS stored key by
-//   key, K with d contiguous) and adds it into an fp32 dQ in global memory with one TMA bulk
-//   reduction (cp.reduce.async.bulk.tensor .add) from a staging tile.
+//   key, K with d contiguous) and adds it into an fp32 dQ in global memory with TMA bulk
+//   reductions (cp.reduce.async.bulk.tensor .add), one per 8-column box of a staging tile.
 //
 // A prep kernel computes delta, copies lse beside it into rows padded to whole query tiles, and zeroes
 // the fp32 dQ first; a convert kernel scales dQ by sm_scale into bf16 afterwards (fa_ws_backward
