@@ -1,6 +1,8 @@
 """The shapes sweep (kernels/shapes.py) end to end on its quick subset: every op, well-formed
 records, ratios that follow from the timings, and failures recorded instead of raised."""
 
+import time
+
 import pytest
 import torch
 
@@ -41,8 +43,12 @@ def test_records_are_well_formed(records):
         if "error" in r:
             assert list(r) == FIELDS + ["error"] and r["ms"] is None and r["error"]
             continue
-        # A case that tunes itself (matmul) also names the configuration it ran.
-        assert list(r) == FIELDS + (["config"] if r["bench"] == "shapes/matmul" else []), r
+        # A case that tunes itself (matmul) also names the configuration it ran, and on a GPU a
+        # case far slower than its baseline carries its second timing.
+        extra = (["config"] if r["bench"] == "shapes/matmul" else []) + (
+            ["retimed"] if "retimed" in r else []
+        )
+        assert list(r) == FIELDS + extra, r
         assert r["bench"].startswith("shapes/") and r["variant"] == "triton"
         assert (
             r["ms"] > 0 and r["baseline_ms"] > 0 and r["baseline"].startswith(("torch", "s", "m"))
@@ -82,6 +88,30 @@ def test_a_raising_case_becomes_an_error_row():
     assert rec["bench"] == "shapes/boom" and rec["ms"] is None
     assert rec["error"] == "RuntimeError: kernel exploded"
     assert list(rec) == FIELDS + ["error"]
+
+
+def test_a_slow_case_is_timed_again(monkeypatch):
+    monkeypatch.setattr(shapes, "_retime_below", lambda: shapes.RETIME_BELOW)  # as on a GPU
+    calls = {"ours": 0}
+
+    def ours():
+        calls["ours"] += 1
+        time.sleep(0.002)
+
+    def setup():
+        return ours, lambda: None
+
+    def no_roof(case):
+        return None
+
+    case = shapes.Case("slow", [3, 4], torch.float32, "torch.fast", setup, bytes=1)
+    rec = shapes.run_case(case, roofs=no_roof)
+    assert rec["speedup"] < shapes.RETIME_BELOW, rec
+    assert set(rec["retimed"]) == {"ms", "baseline_ms"} and rec["retimed"]["ms"] > 1.0
+    same = shapes.Case("same", [3], torch.float32, "b", lambda: (lambda: None, lambda: None))
+    assert "retimed" not in shapes.run_case(same, roofs=no_roof)
+    # The results files get the common fields only.
+    assert list(shapes._common({**rec, "config": "TMA"})) == FIELDS
 
 
 def test_registered_in_the_bench_cli():
