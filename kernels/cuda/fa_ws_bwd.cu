@@ -73,18 +73,18 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, u
       : "memory");
 }
 
-// The loop's wgmma descriptors as 32-bit halves. desc_k128 and desc_mn put the start address >> 4 in
-// bits 0-13 and the leading offset in bits 16-29 of the low word; the high word (stride 1024 B, the
-// 128-byte swizzle) is the same constant for both. Every tile here is 1024-byte aligned, so a tile's
-// low word plus (offset >> 4) is the low word at that offset: one integer add per wgmma instead of
-// the whole descriptor rebuilt from a masked address (about 200 uniform-datapath instructions a step).
+// The loop's wgmma descriptors as 32-bit halves of fa_ws.cu's desc_mn (desc_k128 is desc_mn with a
+// leading offset of 16 bytes): the start address >> 4 in bits 0-13 and the leading offset in bits
+// 16-29 of the low word; the high word (stride 1024 B, the 128-byte swizzle) is the same for every
+// operand. Every tile here is 1024-byte aligned, so a tile's low word plus (offset >> 4) is the low
+// word at that offset: one integer add per wgmma instead of the whole descriptor rebuilt from a
+// masked address (about 200 uniform-datapath instructions a step). desc_mn(0, ...) folds to constants.
 namespace fabwd {
-constexpr uint32_t DESC_HI = (1024 >> 4) | (1u << 30);
 __device__ __forceinline__ uint32_t desc_lo(uint32_t smem_addr, uint32_t lbo) {
-  return (smem_addr >> 4) + ((lbo >> 4) << 16);
+  return (smem_addr >> 4) + static_cast<uint32_t>(desc_mn(0, lbo));
 }
 __device__ __forceinline__ uint64_t desc(uint32_t lo) {
-  return (static_cast<uint64_t>(DESC_HI) << 32) | lo;
+  return (desc_mn(0) & ~0xFFFFFFFFull) | lo;
 }
 }  // namespace fabwd
 

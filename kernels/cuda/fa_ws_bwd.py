@@ -60,7 +60,7 @@ def backward(
     ``[B, H, N, 128]`` tensors and the forward's fp32 ``lse`` ``[B, H, N]`` (log2 units).
     ``stages`` (2 or 3): slots of the Q/dO ring; ``group_heads``: 0 for the 2-D grid, or order the
     blocks in groups of that many heads, key tiles ascending (the causal mask's longest first);
-    ``None`` picks ``CAUSAL_GROUP_HEADS`` with the causal mask and 0 without (page 4.12's table)."""
+    ``None`` picks ``CAUSAL_GROUP_HEADS`` with the causal mask and 0 without (page 4.12)."""
     scale = fa_ws._check(q, k, v, sm_scale)
     if stages not in (2, 3):
         raise ValueError(f"stages must be 2 or 3, got {stages!r}")
