@@ -74,6 +74,10 @@ LOOP_PROGRAMS_PER_SM = 2
 BWD_STAGES = 3
 # Programs per SM of the two-step backward's dx kernel (each writes one row of dw partial sums).
 TWO_STEP_PROGRAMS_PER_SM = 2
+# A backward of at most this many row blocks runs as one program that writes dw and db itself:
+# one launch and no partial sums to add up. A decode step's few rows take microseconds of GPU
+# time either way; the second launch and its buffer cost the host more (see ``bwd_config``).
+ONE_PROGRAM_BLOCKS = 8
 
 
 @triton.jit
@@ -97,6 +101,7 @@ def _norm_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STATS: tl.constexpr,  # write mean and rstd for the backward (False: no gradient wanted)
 ):
     # BLOCK_M whole rows per program, in registers: x is read once and y written once.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -115,9 +120,11 @@ def _norm_fwd_kernel(
     else:
         mean = tl.sum(x, axis=1) / n_cols
         xc = tl.where(col_mask[None, :], x - mean[:, None], 0.0)
-        tl.store(mean_ptr + rows, mean, mask=row_mask)
+        if STATS:
+            tl.store(mean_ptr + rows, mean, mask=row_mask)
     rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
-    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+    if STATS:
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
@@ -149,6 +156,7 @@ def _norm_fwd_looped_kernel(
     IS_RMS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STATS: tl.constexpr,
 ):
     # Rows in BLOCK_N chunks: a statistics pass, then a normalise pass that re-reads the row (read
     # 2*C elements, write C). A program takes every num_programs-th row; a grid of a few programs
@@ -181,9 +189,11 @@ def _norm_fwd_looped_kernel(
             mean_d = tl.sum(s1, axis=0) / n_cols
             mean = shift + mean_d
             var = tl.maximum(tl.sum(s2, axis=0) / n_cols - mean_d * mean_d, 0.0)
-            tl.store(mean_ptr + row64, mean)
+            if STATS:
+                tl.store(mean_ptr + row64, mean)
         rstd = tl.rsqrt(var + eps)
-        tl.store(rstd_ptr + row64, rstd)
+        if STATS:
+            tl.store(rstd_ptr + row64, rstd)
         # Normalise pass, last chunk first: the chunks read last are the likeliest still in L2.
         for i in range(0, n_chunks):
             offs = (n_chunks - 1 - i) * BLOCK_N + cols
@@ -260,11 +270,14 @@ def _norm_bwd_kernel(
         dw_acc += dy * xhat
         if HAS_BIAS:
             db_acc += dy
-    # One row of fp32 partial sums per program; kernels.partial_sums adds them up.
+    # One row of fp32 partial sums per program; kernels.partial_sums adds them up. A grid of one
+    # program is handed dw and db themselves (the weight's dtype): its sums are the whole answer.
     partial = tl.program_id(0).to(tl.int64) * n_cols + cols
-    tl.store(dw_partial_ptr + partial, tl.sum(dw_acc, axis=0), mask=col_mask)
+    dw = tl.sum(dw_acc, axis=0).to(dw_partial_ptr.dtype.element_ty)
+    tl.store(dw_partial_ptr + partial, dw, mask=col_mask)
     if HAS_BIAS:
-        tl.store(db_partial_ptr + partial, tl.sum(db_acc, axis=0), mask=col_mask)
+        db = tl.sum(db_acc, axis=0).to(db_partial_ptr.dtype.element_ty)
+        tl.store(db_partial_ptr + partial, db, mask=col_mask)
 
 
 @triton.jit
@@ -388,7 +401,8 @@ def fwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK)
 
 def bwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_BWD) -> dict:
     """The backward launch: kernel(s), block and warps. ``programs`` is None for the fused kernel:
-    the launcher runs as many as fit on the GPU at once (``kernels.launch.resident_programs``)."""
+    the launcher runs as many as fit on the GPU at once (``kernels.launch.resident_programs``),
+    or 1 for at most ``ONE_PROGRAM_BLOCKS`` blocks of rows."""
     cfg = fwd_config(n_rows, n_cols, max_fused_block)
     if cfg["kernel"] == "looped":
         programs = TWO_STEP_PROGRAMS_PER_SM * sm_count(interpreter=2)
@@ -399,7 +413,11 @@ def bwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_
     # 8,192 columns, 0.86 -> 0.90 at 4,096; at 256 columns (16 rows a program) it lost 3%.
     tile = cfg["BLOCK_M"] * cfg["BLOCK_N"]
     stages = BWD_STAGES if cfg["BLOCK_N"] >= 1024 else 1
-    return dict(cfg, num_warps=num_warps_for(2 * tile), programs=None, stages=stages)
+    # A few row blocks (a decode step's rows): one program walks them all and writes dw and db
+    # itself, one launch in all. Measured on an H100 host, the partial sums' second launch and
+    # buffer cost more host time than a [8, 4096] backward takes on the GPU.
+    programs = 1 if cfg["programs"] <= ONE_PROGRAM_BLOCKS else None
+    return dict(cfg, num_warps=num_warps_for(2 * tile), programs=programs, stages=stages)
 
 
 def _check(x, weight, bias, eps) -> None:
@@ -428,44 +446,49 @@ def _check(x, weight, bias, eps) -> None:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
 
 
-def _fwd_meta(cfg: dict, is_rms: bool, has_bias: bool) -> dict:
-    meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, BLOCK_N=cfg["BLOCK_N"])
+def _fwd_meta(cfg: dict, is_rms: bool, has_bias: bool, stats: bool = True) -> dict:
+    meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, BLOCK_N=cfg["BLOCK_N"], STATS=stats)
     if cfg["kernel"] == "fused":
         meta["BLOCK_M"] = cfg["BLOCK_M"]
     return dict(meta, num_warps=cfg["num_warps"])
 
 
-# (rows, columns, is_rms, has_bias) -> (launcher, grid, meta) of the default forward launch.
+# (rows, columns, is_rms, has_bias, stats) -> (launcher, grid, meta) of the default forward launch.
 _FWD_PLANS: dict[tuple, tuple] = {}
 
 
-def _forward(x, weight, bias, eps, is_rms, cfg=None):
-    """y, mean, rstd for x viewed as rows (mean is None for RMSNorm)."""
+def _forward(x, weight, bias, eps, is_rms, cfg=None, stats=True):
+    """y, mean, rstd for x viewed as rows (mean is None for RMSNorm). ``stats=False`` (no
+    gradient wanted): mean and rstd are neither written nor allocated, and come back as None."""
     n_cols = x.shape[-1]
-    y = x.new_empty(x.shape)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
     n_rows = x.numel() // n_cols if n_cols else 0
-    rstd = x.new_empty(n_rows, dtype=torch.float32)
-    mean = None if is_rms else x.new_empty(n_rows, dtype=torch.float32)
+    rstd = x.new_empty(n_rows, dtype=torch.float32) if stats else None
+    mean = None if is_rms or not stats else x.new_empty(n_rows, dtype=torch.float32)
     if n_rows == 0 or n_cols == 0:
         return y, mean, rstd
     has_bias = bias is not None
     if cfg is None:
-        key = (n_rows, n_cols, is_rms, has_bias)
+        key = (n_rows, n_cols, is_rms, has_bias, stats)
         plan = _FWD_PLANS.get(key)
         if plan is None:
             cfg = fwd_config(n_rows, n_cols)
-            meta = _fwd_meta(cfg, is_rms, has_bias)
+            meta = _fwd_meta(cfg, is_rms, has_bias, stats)
             plan = _FWD_PLANS[key] = (_FWD[cfg["kernel"]], (cfg["programs"],), meta, key)
         launcher, grid, meta, key = plan
     else:
-        meta = _fwd_meta(cfg, is_rms, has_bias)
+        meta = _fwd_meta(cfg, is_rms, has_bias, stats)
         launcher, grid = _FWD[cfg["kernel"]], (cfg["programs"],)
         key = (n_rows, n_cols, cfg["programs"], *sorted(meta.items()))
     n_rows, stride = row_stride("x", x)
     b = weight if bias is None else bias
     # y, mean and rstd are new (contiguous, aligned): the key needs the inputs' layout only.
     key = (x.dtype, stride, aligned(x), aligned(weight), aligned(b), key)
-    args = (x, weight, b, y, rstd if mean is None else mean, rstd, n_rows, n_cols, float(eps))
+    if stats:
+        saved = (rstd if mean is None else mean, rstd)
+    else:
+        saved = (y, y)  # not written (STATS=False): any pointer will do
+    args = (x, weight, b, y, *saved, n_rows, n_cols, float(eps))
     launcher(key, grid, (*args, stride, n_cols), **meta)
     return y, mean, rstd
 
@@ -499,7 +522,7 @@ class _BwdPlan:
     strides: tuple[int, int, int]  # dy's, x's and dx's row strides
     partials_shape: tuple[int, int, int]
     launch: tuple  # the backward kernel's (key, grid, meta)
-    sum_launch: tuple  # the partial sums' reduction's (key, grid, meta)
+    sum_launch: tuple | None  # the partial sums' reduction's (key, grid, meta); None: one program
 
 
 # (dy, x, weight, rstd (and mean) layouts, bias or not) -> the fused backward's plan. A training step
@@ -517,7 +540,7 @@ def _backward(dy, x, weight, mean, rstd, has_bias, cfg=None):
         if plan is not None:
             return _backward_planned(plan, dy, x, weight, mean, rstd, has_bias)
     n_cols = x.shape[-1]
-    dx = x.new_empty(x.shape)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     n_rows = x.numel() // n_cols if n_cols else 0
     if n_rows == 0 or n_cols == 0:
         dw = torch.zeros_like(weight)
@@ -532,27 +555,38 @@ def _backward(dy, x, weight, mean, rstd, has_bias, cfg=None):
     _, x_stride = row_stride("x", x)
     _, dy_stride = row_stride("dy", dy)
     strides = (dy_stride, x_stride, n_cols)
-    _, partials, main = _launch_bwd_rows(
-        dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, strides, cfg
+    _, partials, main, one = _launch_bwd_rows(
+        dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, strides, cfg, direct=True
     )
-    grads = partial_sums.sum_stacked(partials, weight.dtype)
+    if one:
+        grads = partials[:, 0]  # one program wrote dw and db themselves
+        sum_launch = None
+    else:
+        grads = partial_sums.sum_stacked(partials, weight.dtype)
+        sum_launch = partial_sums.sum_launch(partials.shape, weight.dtype)
     if layout is not None and cfg["kernel"] == "fused":
         plan = _BwdPlan(copy_dy, n_rows, n_cols, strides, tuple(partials.shape), main,
-                        partial_sums.sum_launch(partials.shape, weight.dtype))  # fmt: skip
+                        sum_launch)  # fmt: skip
         _BWD_LAYOUTS.put(layout, plan)
     return dx, grads[0], (grads[1] if has_bias else None)
 
 
 def _backward_planned(p: _BwdPlan, dy, x, weight, mean, rstd, has_bias):
-    """``_backward`` for a layout seen before: the same two launches, worked out already."""
+    """``_backward`` for a layout seen before: the same launches, worked out already."""
     if p.copy_dy:
         dy = dy.contiguous()
-    dx = x.new_empty(x.shape)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    key, grid, meta = p.launch
+    if p.sum_launch is None:  # one program: it writes dw (and db) in the weight's dtype
+        dw = torch.empty_like(weight)
+        db = torch.empty_like(weight) if has_bias else dw
+        args = (dy, x, weight, rstd if mean is None else mean, rstd, dx, dw, db)
+        _BWD["fused"](key, grid, (*args, p.n_rows, p.n_cols, *p.strides), **meta)
+        return dx, dw, (db if has_bias else None)
     partials = x.new_empty(p.partials_shape, dtype=torch.float32)
     dw_part = partials[0]
     db_part = partials[1] if has_bias else dw_part
     args = (dy, x, weight, rstd if mean is None else mean, rstd, dx, dw_part, db_part)
-    key, grid, meta = p.launch
     _BWD["fused"](key, grid, (*args, p.n_rows, p.n_cols, *p.strides), **meta)
     grads = partials.new_empty((p.partials_shape[0], p.n_cols), dtype=weight.dtype)
     partial_sums.run(p.sum_launch, partials, grads)
@@ -564,7 +598,7 @@ def _launch_bwd(dy2, x2, weight, mean, rstd, dx2, has_bias, cfg):
     dw partial sums, db partial sums): ``_sum_partials`` finishes each."""
     n_rows, n_cols = x2.shape
     strides = (dy2.stride(0), x2.stride(0), dx2.stride(0))
-    kernel, partials, _ = _launch_bwd_rows(
+    kernel, partials, _, _ = _launch_bwd_rows(
         dy2, x2, weight, mean, rstd, dx2, has_bias, n_rows, n_cols, strides, cfg
     )
     return kernel, partials[0], (partials[1] if has_bias else partials[0])
@@ -586,10 +620,14 @@ def _bwd_programs(dy, x, weight, mean, rstd, dx, n_rows, n_cols, strides, meta) 
     return _RESIDENT[key]
 
 
-def _launch_bwd_rows(dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, strides, cfg):
+def _launch_bwd_rows(
+    dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, strides, cfg, direct=False
+):
     """The backward kernel(s) on tensors of ``n_rows`` rows with row ``strides`` (dy, x, dx);
-    returns (compiled dx kernel, stacked fp32 partial sums [1 or 2, n_partials, n_cols], and the
-    main launch's (launcher key, grid, meta))."""
+    returns (compiled dx kernel, stacked fp32 partial sums [1 or 2, n_partials, n_cols], the main
+    launch's (launcher key, grid, meta), and whether one program ran). With ``direct`` and a
+    configuration of one program (``bwd_config``), that program writes dw (and db) in the weight's
+    dtype instead: ``[1 or 2, 1, n_cols]``, the finished sums."""
     is_rms = mean is None
     mean = rstd if is_rms else mean
     meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, num_warps=cfg["num_warps"])
@@ -615,16 +653,18 @@ def _launch_bwd_rows(dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, st
         n_chunks = cdiv(n_cols, cfg["BLOCK_N"])
         grid = (n_chunks, max(1, min(n_rows, cfg["programs"] // n_chunks)))
         n_partials = grid[1]  # one row of partial sums per group of rows
-    partials = x.new_empty((2 if has_bias else 1, n_partials, n_cols), dtype=torch.float32)
+    one = direct and cfg["kernel"] == "fused" and cfg["programs"] == 1
+    out_dtype = weight.dtype if one else torch.float32
+    partials = x.new_empty((2 if has_bias else 1, n_partials, n_cols), dtype=out_dtype)
     db_part = partials[1] if has_bias else partials[0]
-    key += (grid, *sorted(meta.items()))
+    key += (grid, out_dtype, *sorted(meta.items()))
     if cfg["kernel"] == "fused":
         args = (dy, x, weight, mean, rstd, dx, partials[0], db_part, n_rows, n_cols, *strides)
     else:
         args = (dy, x, weight, mean, rstd, c1, c2, dx, partials[0], db_part, n_rows, n_cols)
         args += strides
     kernel = _BWD[cfg["kernel"]](key, grid, args, **meta)
-    return kernel, partials, (key, grid, meta)
+    return kernel, partials, (key, grid, meta), one
 
 
 def _sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -658,7 +698,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     # Autograd's bookkeeping costs microseconds per call: pay it only when a gradient is wanted.
     if _wants_grad(x, weight):
         return _Norm.apply(x, weight, None, eps, True)
-    return _forward(x, weight, None, eps, True)[0]
+    return _forward(x, weight, None, eps, True, stats=False)[0]
 
 
 def layer_norm(
@@ -669,7 +709,7 @@ def layer_norm(
     _check(x, weight, bias, eps)
     if _wants_grad(x, weight, bias):
         return _Norm.apply(x, weight, bias, eps, False)
-    return _forward(x, weight, bias, eps, False)[0]
+    return _forward(x, weight, bias, eps, False, stats=False)[0]
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -725,14 +765,15 @@ def _compile_specs() -> list[dict]:
             flags = {"IS_RMS": is_rms, "HAS_BIAS": has_bias}
             for bm, bn in ((16, 256), (1, MAX_FUSED_BLOCK)):
                 specs.append(
-                    _spec(_norm_fwd_kernel, fwd_sig, flags | {"BLOCK_M": bm, "BLOCK_N": bn},
+                    _spec(_norm_fwd_kernel, fwd_sig,
+                          flags | {"BLOCK_M": bm, "BLOCK_N": bn, "STATS": True},
                           num_warps_for(bm * bn))
                 )  # fmt: skip
             specs.append(
                 _spec(
                     _norm_fwd_looped_kernel,
                     fwd_sig,
-                    flags | {"BLOCK_N": LOOP_BLOCK},
+                    flags | {"BLOCK_N": LOOP_BLOCK, "STATS": True},
                     LOOP_WARPS,
                 )
             )

@@ -112,6 +112,39 @@ def test_backward_sums_partials_over_several_programs():
     torch.testing.assert_close(db, db_ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape", [(1, 4096), (7, 1000), (24, 1000)])
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_program_backward_writes_dw_itself(kind, shape):
+    """A few row blocks run as one program that stores dw and db in the weight's dtype (no
+    partial sums): 24 x 1000 is six blocks of four rows, walked by that one program."""
+    dtype = torch.float16
+    assert norms.bwd_config(*shape)["programs"] == 1
+    x, w, b, dy = norms.make_inputs(*shape, dtype)
+    y, mean, rstd, bias, eps, _ = _run(kind, x, w, b, "fused")
+    grads = [g for g in norms._backward(dy, x, w, mean, rstd, bias is not None) if g is not None]
+    assert all(g.dtype == dtype for g in grads[1:])
+    _, refs = _reference(kind, x, w, bias, dy)
+    for got, ref in zip(grads, refs, strict=True):
+        rel = ((got.float() - ref).norm() / ref.norm()).item()
+        assert rel < 8e-3, rel
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_without_gradients_writes_no_statistics(kind):
+    """With no gradient wanted the forward skips mean and rstd: the same y, no buffers."""
+    x, w, b, _ = norms.make_inputs(5, 300, torch.float32)
+    is_rms = kind == "rms_norm"
+    bias = None if is_rms else b
+    y, mean, rstd = norms._forward(x, w, bias, 1e-5, is_rms, stats=False)
+    assert mean is None and rstd is None
+    y_stats, *_ = norms._forward(x, w, bias, 1e-5, is_rms)
+    # Two binaries (with and without the stores) may contract multiply-adds differently: ulps.
+    torch.testing.assert_close(y, y_stats, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        out = norms.rms_norm(x, w, 1e-5) if is_rms else norms.layer_norm(x, w, b, 1e-5)
+    assert torch.equal(out, y)
+
+
 def test_row_strided_input():
     base, w, b, _ = norms.make_inputs(6, 300, torch.float32)
     x = base[:, :257]
@@ -253,15 +286,20 @@ def test_forward_and_backward_under_cuda_graph_capture(kind):
             assert rel < 8e-3, rel
 
 
+@pytest.mark.parametrize("rows, cols", [(6, 40), (100, 500)])
 @pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
-def test_backward_plans_each_layout_once(monkeypatch, kind):
+def test_backward_plans_each_layout_once(monkeypatch, kind, rows, cols):
     """The fused backward keeps its launches per layout: a repeated call (the next training
     step) skips the launch arithmetic and gives the same gradients; an expanded dy (from
-    .sum().backward()) is a layout of its own."""
+    .sum().backward()) is a layout of its own. 6 x 40: one program writes dw and db itself;
+    100 x 500: several programs and the partial sums' launch."""
     calls = []
+    monkeypatch.setattr(norms, "_BWD_LAYOUTS", norms.Plans())  # no plan from an earlier test
     work = norms._launch_bwd_rows
-    monkeypatch.setattr(norms, "_launch_bwd_rows", lambda *a: calls.append(1) or work(*a))
-    x, w, b, dy = norms.make_inputs(6, 40, torch.float32)
+    monkeypatch.setattr(norms, "_launch_bwd_rows", lambda *a, **k: calls.append(1) or work(*a, **k))
+    x, w, b, dy = norms.make_inputs(rows, cols, torch.float32)
+    one = norms.bwd_config(rows, cols)["programs"] == 1
+    assert one == (rows == 6)
     x.requires_grad_(), w.requires_grad_(), b.requires_grad_()
 
     def grads(dy):
@@ -274,7 +312,8 @@ def test_backward_plans_each_layout_once(monkeypatch, kind):
     assert len(calls) == 1
     for a, b_ in zip(first, again, strict=True):
         assert torch.equal(a, b_)
-    expanded = torch.ones((), device=dy.device).expand(6, 40)  # strides (0, 0): .sum().backward()
+    # strides (0, 0): the gradient .sum().backward() hands on
+    expanded = torch.ones((), device=dy.device).expand(rows, cols)
     want = grads(expanded.contiguous())
     for _ in range(2):
         for a, b_ in zip(grads(expanded), want, strict=True):
