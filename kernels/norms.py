@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import bench, device, partial_sums, roofline
+from kernels import bench, device, partial_sums, replay, roofline
 from kernels.launch import (
     Launcher,
     Plans,
@@ -694,7 +694,11 @@ def _wants_grad(*tensors) -> bool:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """RMSNorm over the last dimension of ``x`` (fp32/fp16/bf16), ``weight`` of x's dtype and
     shape ``[x.shape[-1]]``; fp32 statistics; differentiable with respect to ``x`` and ``weight``."""
+    y = replay.call(replay.RMS_NORM, x, weight, None, eps)  # a layout seen before, on a GPU
+    if y is not None:
+        return y
     _check(x, weight, None, eps)
+    _plan_native(x, weight, None, eps, True)
     # Autograd's bookkeeping costs microseconds per call: pay it only when a gradient is wanted.
     if _wants_grad(x, weight):
         return _Norm.apply(x, weight, None, eps, True)
@@ -706,10 +710,130 @@ def layer_norm(
 ) -> torch.Tensor:
     """LayerNorm over the last dimension of ``x`` with ``weight`` and optional ``bias`` (both of
     x's dtype, shape ``[x.shape[-1]]``); fp32 statistics; differentiable in x, weight and bias."""
+    y = replay.call(replay.LAYER_NORM, x, weight, bias, eps)
+    if y is not None:
+        return y
     _check(x, weight, bias, eps)
+    _plan_native(x, weight, bias, eps, False)
     if _wants_grad(x, weight, bias):
         return _Norm.apply(x, weight, bias, eps, False)
     return _forward(x, weight, bias, eps, False, stats=False)[0]
+
+
+# ----------------------------------------------------------------------------- the C++ launch path
+#
+# kernels.replay launches a layout's kernels from C++ once the layout has a plan: the slots of its
+# tensors, what to allocate, and each launch's compiled kernel, grid and arguments. The plan is
+# made here, from the same configuration functions and argument lists as the Python path above.
+
+_X, _W, _B, _Y, _MEAN, _RSTD, _DY, _DX, _GRADS, _PART, _DW, _DB, _C = range(13)
+
+
+def _plan_native(x, weight, bias, eps, is_rms) -> None:
+    """Give kernels.replay this layout's plan (checked inputs only), if it can run it."""
+    if replay.planning(x):
+        replay.build(_native_plan, x, weight, bias, eps, is_rms)
+
+
+def _native_plan(x, weight, bias, eps, is_rms) -> None:
+    n_rows, stride = row_stride("x", x)
+    n_cols = x.shape[-1]
+    bcfg = bwd_config(n_rows, n_cols)
+    slots = [None] * replay.N_SLOTS
+    slots[_X], slots[_W], slots[_B] = x, weight, bias
+    fwd = _native_forward(slots, n_rows, n_cols, stride, eps, is_rms, bias is not None, True)
+    nograd = _native_forward(slots, n_rows, n_cols, stride, eps, is_rms, bias is not None, False)
+    bwd = _native_backward(slots, n_rows, n_cols, stride, is_rms, bias is not None, bcfg)
+    saved = [_X, _W, _RSTD] if is_rms else [_X, _W, _MEAN, _RSTD]
+    grads = [_DX, _DW, _DB if bias is not None else -1]
+    op = replay.RMS_NORM if is_rms else replay.LAYER_NORM
+    replay.add(op, x, weight, bias, eps, fwd, nograd, bwd, _Y, _DY, saved, grads)
+
+
+def _native_forward(slots, n_rows, n_cols, stride, eps, is_rms, has_bias, stats) -> replay.Program:
+    """The forward as ``_forward`` launches it: y, and mean/rstd if ``stats``."""
+    allocs = [replay.Alloc(replay.LIKE, _Y, _X)]
+    if stats:
+        if not is_rms:
+            allocs.append(replay.Alloc(replay.NEW, _MEAN, _X, dtype=replay.FP32, shape=(n_rows,)))
+        allocs.append(replay.Alloc(replay.NEW, _RSTD, _X, dtype=replay.FP32, shape=(n_rows,)))
+        saved = (replay.Slot(_RSTD if is_rms else _MEAN), replay.Slot(_RSTD))
+    else:
+        saved = (replay.Slot(_Y), replay.Slot(_Y))  # not written (STATS=False)
+    b = replay.Slot(_B if has_bias else _W)
+    args = (replay.Slot(_X), replay.Slot(_W), b, replay.Slot(_Y), *saved, n_rows, n_cols,
+            float(eps), stride, n_cols)  # fmt: skip
+    cfg = fwd_config(n_rows, n_cols)
+    meta = _fwd_meta(cfg, is_rms, has_bias, stats)
+    kernel = _norm_fwd_kernel if cfg["kernel"] == "fused" else _norm_fwd_looped_kernel
+    replay.materialize(allocs, slots)
+    grid = (cfg["programs"],)
+    compiled = kernel.warmup(*replay.real(args, slots), grid=grid, **meta)
+    return replay.Program(allocs, [replay.Step(compiled, grid, args)])
+
+
+def _native_backward(slots, n_rows, n_cols, stride, is_rms, has_bias, cfg) -> replay.Program:
+    """The backward as ``_backward`` launches it, fused or two-step (dy contiguous: replay.cpp
+    sees to it)."""
+    S = replay.Slot
+    n_grads = 2 if has_bias else 1
+    slots[_DY] = torch.empty_like(slots[_Y])  # what the compile sees for dy: fresh, contiguous
+    mean = S(_RSTD if is_rms else _MEAN)
+    strides = (n_cols, stride, n_cols)
+    inputs = (S(_DY), S(_X), S(_W), mean, S(_RSTD))
+    allocs = [replay.Alloc(replay.LIKE, _DX, _X)]
+    steps = []
+    meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, num_warps=cfg["num_warps"])
+    if cfg["kernel"] == "fused":
+        meta |= dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["stages"])
+        replay.materialize(allocs, slots)
+        programs = cfg["programs"] or _bwd_programs(
+            *replay.real((*inputs, S(_DX)), slots), n_rows, n_cols, strides, meta
+        )
+        grid = (min(cdiv(n_rows, cfg["BLOCK_M"]), programs),)
+        n_partials, kernel, middle = grid[0], _norm_bwd_kernel, ()
+    else:  # two-step: the row means c1, c2 first, then dx by column chunks
+        stats = replay.Alloc(replay.NEW, _C, _X, dtype=replay.FP32, shape=(2, n_rows))
+        allocs.append(stats)
+        replay.materialize(allocs, slots)
+        middle = (S(_C), S(_C, n_rows * 4))
+        args = (*inputs, *middle, n_cols, *strides[:2])
+        stats_meta = dict(IS_RMS=is_rms, BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"])
+        compiled = _norm_bwd_stats_kernel.warmup(
+            *replay.real(args, slots), grid=(n_rows,), **stats_meta
+        )
+        steps.append(replay.Step(compiled, (n_rows,), args))
+        meta["BLOCK_N"] = cfg["BLOCK_N"]
+        n_chunks = cdiv(n_cols, cfg["BLOCK_N"])
+        grid = (n_chunks, max(1, min(n_rows, cfg["programs"] // n_chunks)))
+        n_partials, kernel = grid[1], _norm_bwd_dx_kernel
+    grads = replay.Alloc(replay.NEW, _GRADS, _W, shape=(n_grads, n_cols))  # the weight's dtype
+    one = cfg["kernel"] == "fused" and cfg["programs"] == 1
+    if one:  # one program writes dw and db themselves
+        allocs.append(grads)
+        sums, row = _GRADS, n_cols * slots[_W].element_size()
+    else:
+        shape = (n_grads, n_partials, n_cols)
+        allocs += [replay.Alloc(replay.NEW, _PART, _X, dtype=replay.FP32, shape=shape), grads]
+        sums, row = _PART, n_partials * n_cols * 4
+    allocs.append(replay.Alloc(replay.SELECT, _DW, _GRADS, index=0))
+    if has_bias:
+        allocs.append(replay.Alloc(replay.SELECT, _DB, _GRADS, index=1))
+    dw = S(sums)
+    db = S(sums, row) if has_bias else dw
+    args = (*inputs, *middle, S(_DX), dw, db, n_rows, n_cols, *strides)
+    replay.materialize(allocs, slots)
+    steps.append(
+        replay.Step(kernel.warmup(*replay.real(args, slots), grid=grid, **meta), grid, args)
+    )
+    if not one:
+        _, sum_grid, sum_meta = partial_sums.sum_launch(shape, slots[_W].dtype)
+        sum_args = (S(_PART), S(_GRADS), n_partials, n_cols)
+        compiled = partial_sums._sum_kernel.warmup(
+            *replay.real(sum_args, slots), grid=sum_grid, **sum_meta
+        )
+        steps.append(replay.Step(compiled, sum_grid, sum_args))
+    return replay.Program(allocs, steps)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

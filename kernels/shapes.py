@@ -107,9 +107,12 @@ def _randn(*shape, dtype, scale=1.0):
 
 
 def grad_call(f: Callable, leaves: list, dy: torch.Tensor) -> Callable:
-    """The backward of ``f`` alone: one forward kept, its graph walked again on every call."""
+    """The backward of ``f`` alone: one forward kept, its graph walked again on every call. The
+    kept forward is the second of the layout, as in every training step after the first: an op
+    that plans a layout on its first call (``kernels.replay``) has done so."""
     for t in leaves:
         t.requires_grad_()
+    f()
     y = f()
     return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
 

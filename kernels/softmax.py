@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import bench, device, launch, roofline, rows
+from kernels import bench, device, launch, replay, roofline, rows
 
 SUPPORTED_DTYPES = rows.SUPPORTED_DTYPES
 
@@ -292,6 +292,10 @@ def softmax(
 
     ``max_fused_block``: widest power-of-two row kept in registers; wider rows use the looped
     kernel (set it to 0 to force the looped kernel, to 2**17 to force registers)."""
+    if dim == -1:  # a layout seen before, on a GPU: launched from C++ (kernels.replay)
+        y = replay.call(replay.SOFTMAX, x, None, None, max_fused_block)
+        if y is not None:
+            return y
     rows.check_float("x", x)
     if x.ndim == 0:
         raise ValueError("x must have at least 1 dimension, got a 0-d tensor")
@@ -301,10 +305,45 @@ def softmax(
             "move that dimension last with x.transpose(dim, -1) first"
         )
     rows.check_device("x", x)
+    _plan_native(x, max_fused_block)
     # Autograd's bookkeeping costs microseconds per call: pay it only when a gradient is wanted.
     if x.requires_grad and torch.is_grad_enabled():
         return _Softmax.apply(x, max_fused_block)
     return _softmax_forward(x, max_fused_block)
+
+
+# Slots of the C++ launch path's plans (kernels.replay): x, the output, dy, dx.
+_X, _Y, _DY, _DX = 0, 3, 4, 5
+
+
+def _plan_native(x: torch.Tensor, max_fused_block: int) -> None:
+    """Give kernels.replay this layout's plan (checked inputs only): the same launches as
+    ``_softmax_forward`` and ``_softmax_backward``, made from the same plans."""
+    if isinstance(max_fused_block, bool) or not isinstance(max_fused_block, int):
+        return
+    if replay.planning(x):
+        replay.build(_native_plan, x, max_fused_block)
+
+
+def _native_plan(x: torch.Tensor, max_fused_block: int) -> None:
+    n_cols = x.shape[-1]
+    n_rows, stride = rows.row_stride("x", x)
+    slots = [None] * replay.N_SLOTS
+    slots[_X] = x
+    y_alloc, dx_alloc = replay.Alloc(replay.LIKE, _Y, _X), replay.Alloc(replay.LIKE, _DX, _Y)
+    launcher, grid, meta = _plan(n_rows, n_cols, max_fused_block, False)
+    args = (replay.Slot(_X), replay.Slot(_Y), n_rows, n_cols, stride, n_cols)
+    replay.materialize([y_alloc], slots)
+    fwd = replay.Step(launcher.fn.warmup(*replay.real(args, slots), grid=grid, **meta), grid, args)
+    slots[_DY] = torch.empty_like(slots[_Y])  # what the compile sees for dy: fresh, contiguous
+    launcher, grid, meta = _plan(n_rows, n_cols, MAX_FUSED_BLOCK_BWD, True)
+    args = (replay.Slot(_Y), replay.Slot(_DY), replay.Slot(_DX), n_rows, n_cols, n_cols, n_cols,
+            n_cols)  # fmt: skip
+    replay.materialize([dx_alloc], slots)
+    bwd = replay.Step(launcher.fn.warmup(*replay.real(args, slots), grid=grid, **meta), grid, args)
+    forward = replay.Program([y_alloc], [fwd])
+    replay.add(replay.SOFTMAX, x, None, None, max_fused_block, forward, forward,
+               replay.Program([dx_alloc], [bwd]), _Y, _DY, [_Y], [_DX])  # fmt: skip
 
 
 def _softmax_forward(x: torch.Tensor, max_fused_block: int) -> torch.Tensor:

@@ -64,7 +64,11 @@ def test_wheel_holds_every_file_and_runs_from_a_copy(tmp_path):
         z.extractall(site)
     missing = _package_files() - held
     assert not missing, f"the wheel lacks {sorted(missing)}"
-    for needed in ("kernels/cuda/sgemm_common.cuh", "kernels/cuda/sgemm_tuned.json"):
+    for needed in (
+        "kernels/cuda/sgemm_common.cuh",
+        "kernels/cuda/sgemm_tuned.json",
+        "kernels/cuda/replay.cpp",
+    ):
         assert needed in held
     # A fresh interpreter that finds only the unzipped copy (cwd is not the checkout).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

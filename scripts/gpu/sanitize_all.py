@@ -42,7 +42,9 @@ def vector_add():
 def softmax_fwd_bwd():
     from kernels import softmax as sm
 
-    for shape in [(37, 1000), (3, 70_001)]:  # a fused row and a row wider than the fused block
+    # A fused row and a row wider than the fused block; each layout twice: the second call is
+    # launched from C++ (kernels.replay) where the extension builds.
+    for shape in [(37, 1000), (3, 70_001)] * 2:
         x = rnd(*shape).requires_grad_()
         xr = x.detach().float().requires_grad_()
         y, yr = sm.softmax(x), torch.softmax(xr, -1)
@@ -56,10 +58,12 @@ def softmax_fwd_bwd():
 def norms_fwd_bwd():
     from kernels import norms
 
-    # 37 rows: several programs and the partial sums; 7 rows: one program writes dw and db itself
-    for rows in (37, 7):
-        x = rnd(rows, 1000).requires_grad_()
-        w, b = rnd(1000).requires_grad_(), rnd(1000).requires_grad_()
+    # 37 rows: several programs and the partial sums; 7 rows: one program writes dw and db itself;
+    # 16,385 columns: the two-step backward. Each twice: the second call is launched from C++
+    # (kernels.replay) where the extension builds.
+    for rows, cols in [(37, 1000), (7, 1000), (3, 16_385)] * 2:
+        x = rnd(rows, cols).requires_grad_()
+        w, b = rnd(cols).requires_grad_(), rnd(cols).requires_grad_()
         for name, fn, args in [("rms", norms.rms_norm, (w,)), ("layer", norms.layer_norm, (w, b))]:
             y = fn(x, *args)
             ref_args = [a.detach().float().requires_grad_() for a in args]
@@ -68,7 +72,7 @@ def norms_fwd_bwd():
             close(y, ref)
             with torch.no_grad():  # the forward that writes no statistics
                 close(fn(x, *args), ref)
-            dy = rnd(rows, 1000)
+            dy = rnd(rows, cols)
             grads = torch.autograd.grad(y, [x, *args], dy)
             grads_ref = torch.autograd.grad(ref, [xr, *ref_args], dy.float())
             for g, gr in zip(grads, grads_ref):

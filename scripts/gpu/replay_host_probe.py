@@ -1,0 +1,128 @@
+"""Host cost per call of the row-wise ops: the Python launch path, the C++ one (kernels.replay),
+and PyTorch's own op, in one run.
+
+For each op and shape, three callables run the same work: ours with ``replay.ON = False`` (every
+call down the Python path: checks, plan lookup, ``Launcher``, a Python autograd node), ours with
+``replay.ON = True`` (a layout seen before goes straight to C++, and its backward is a C++ node),
+and PyTorch's op. Each is timed three ways:
+
+- wall µs per call: 200 back-to-back calls, then a synchronize, the least of 7 loops (what a
+  decode step or a small batch pays when the GPU waits on the host);
+- CPU µs per call: the same loops timed with ``time.process_time`` (every thread of the process:
+  the autograd engine runs a CUDA backward on its own thread), steadier than wall time on a
+  shared host;
+- device µs: ``bench.measure(device_only=True)``, the kernels alone (the same binaries on both
+  of our paths, so the same time up to noise).
+
+Forward rows call the op under ``torch.no_grad``; backward rows call ``torch.autograd.grad`` on one
+kept forward (``kernels.shapes.grad_call``). Three rounds, the paths' order rotated; each number is
+the least of the three.
+
+    python scripts/gpu/replay_host_probe.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import triton
+
+from kernels import bench, norms, replay, shapes, softmax
+
+SHAPES = [(1, 4096), (8, 4096), (64, 1024), (4096, 1024)]
+ROUNDS = 3
+PATHS = ("python", "c++", "torch")
+
+
+def loop_us(fn, clock, calls: int = 200, loops: int = 7) -> float:
+    """µs per call of ``fn`` by ``clock``: the least of ``loops`` loops of ``calls`` calls."""
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(loops):
+        t0 = clock()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        out.append((clock() - t0) * 1e6 / calls)
+    return min(out)
+
+
+def device_us(fn) -> float:
+    return bench.measure(fn, device_only=True, warmup_ms=10, rep_ms=40).ms * 1e3
+
+
+def ops(kind: str, rows: int, cols: int):
+    """(ours, PyTorch's) forward callables and their inputs, bf16."""
+    x, w, b, dy = norms.make_inputs(rows, cols, torch.bfloat16)
+    if kind == "rms_norm":
+        return (lambda x, w, b: norms.rms_norm(x, w),
+                lambda x, w, b: torch.nn.functional.rms_norm(x, (cols,), w, 1e-6), x, w, None, dy)  # fmt: skip
+    if kind == "layer_norm":
+        return (lambda x, w, b: norms.layer_norm(x, w, b),
+                lambda x, w, b: torch.nn.functional.layer_norm(x, (cols,), w, b, 1e-5), x, w, b, dy)  # fmt: skip
+    return (lambda x, w, b: softmax.softmax(x),
+            lambda x, w, b: torch.softmax(x, dim=-1), x * 4, None, None, dy)  # fmt: skip
+
+
+def callables(kind: str, rows: int, cols: int, backward: bool) -> dict:
+    ours, theirs, x, w, b, dy = ops(kind, rows, cols)
+    if not backward:
+
+        def nograd(f):
+            def call():
+                with torch.no_grad():
+                    return f(x, w, b)
+
+            return call
+
+        return {"ours": nograd(ours), "torch": nograd(theirs)}
+    leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
+    return {
+        "ours": lambda: shapes.grad_call(lambda: ours(x, w, b), leaves, dy),
+        "torch": shapes.grad_call(lambda: theirs(x, w, b), leaves, dy),
+    }
+
+
+def measure(kind, rows, cols, backward) -> dict:
+    res: dict = {}
+    fns = callables(kind, rows, cols, backward)
+    order = list(PATHS)
+    for rnd in range(ROUNDS):
+        for path in order[rnd % 3 :] + order[: rnd % 3]:
+            replay.ON = path == "c++"
+            # The backward's graph is made by the path in force when its forward runs.
+            fn = fns["torch"] if path == "torch" else (fns["ours"]() if backward else fns["ours"])
+            fn()  # a layout's first call plans it
+            fn = fns["torch"] if path == "torch" else (fns["ours"]() if backward else fns["ours"])
+            res.setdefault(("wall", path), []).append(loop_us(fn, time.perf_counter))
+            res.setdefault(("cpu", path), []).append(loop_us(fn, time.process_time))
+            res.setdefault(("dev", path), []).append(device_us(fn))
+    replay.ON = True
+    return {k: min(v) for k, v in res.items()}
+
+
+def main() -> None:
+    assert replay.enabled(), "the C++ launch path did not build here"
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"bf16; least of {ROUNDS} rounds; µs per call")
+    head = " ".join(f"{p:>7s}" for p in PATHS)
+    print(f"{'case':28s} wall: {head} | CPU: {head} | device: {head}")
+    for backward in (False, True):
+        for kind in ("rms_norm", "layer_norm", "softmax"):
+            for rows, cols in SHAPES:
+                m = measure(kind, rows, cols, backward)
+                name = f"{kind}_{'bwd' if backward else 'fwd'} {rows}x{cols}"
+                cells = [
+                    " ".join(f"{m[clock, p]:7.1f}" for p in PATHS)
+                    for clock in ("wall", "cpu", "dev")
+                ]
+                print(
+                    f"{name:28s}       {cells[0]} |      {cells[1]} |         {cells[2]}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""kernels.replay: row-wise ops launched from C++ once a layout has a plan.
+
+On a CPU the encoding of a launch (what replay.cpp is handed) is tested against stand-ins for
+Triton's compiled kernels; on a GPU every op is run twice per layout, the second call through C++,
+and must give exactly what the Python path gave (the same binaries, in the same order)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kernels import device, norms, replay, softmax
+
+# ----------------------------------------------------------------------------- CPU: the encoding
+
+
+def _compiled(signature, **meta):
+    """A stand-in for Triton's CompiledKernel: the fields encode_step reads."""
+    fields = dict(num_warps=4, shared=1024, num_ctas=1, launch_cooperative_grid=False)
+    fields.update(global_scratch_size=0, profile_scratch_size=0)
+    fields.update(meta)
+    return SimpleNamespace(
+        src=SimpleNamespace(signature=signature),
+        metadata=SimpleNamespace(**fields),
+        function=0xABC,
+        _init_handles=lambda: None,
+    )
+
+
+def test_encode_step_skips_constants_and_appends_scratch():
+    sig = {"x_ptr": "*bf16", "y_ptr": "*fp32", "n": "i32", "one": "constexpr", "big": "i64",
+           "eps": "fp32", "BLOCK": "constexpr"}  # fmt: skip
+    c = _compiled(sig, num_warps=8, shared=4096)
+    step = replay.Step(c, (3,), (replay.Slot(0), replay.Slot(5, 64), 7, 1, 2**40, 0.5))
+    enc = replay.encode_step(step)
+    assert enc[:6] == [0xABC, 3, 1, 1, 256, 4096]
+    params = [tuple(enc[i : i + 3]) for i in range(6, len(enc), 3)]
+    assert params == [
+        (replay.PTR, 0, 0),
+        (replay.PTR, 5, 64),
+        (replay.I32, 0, 7),
+        (replay.I64, 0, 2**40),
+        (replay.F32, 0, 0x3F000000),  # 0.5 as fp32 bits
+        (replay.NUL, 0, 0),  # global scratch
+        (replay.NUL, 0, 0),  # profile scratch
+    ]
+
+
+def test_encode_step_without_scratch_fields():
+    """An older Triton (no scratch parameters in its launcher): none are appended."""
+    c = _compiled({"x_ptr": "*fp16"})
+    del c.metadata.global_scratch_size, c.metadata.profile_scratch_size
+    assert replay.encode_step(replay.Step(c, (1, 2), (replay.Slot(0),)))[6:] == [replay.PTR, 0, 0]
+
+
+@pytest.mark.parametrize(
+    "signature, args, meta, message",
+    [
+        ({"x_ptr": "*fp16"}, (torch.empty(1),), {}, "not a Slot"),
+        ({"x_ptr": "*fp16", "n": "i32"}, (replay.Slot(0),), {}, "fewer arguments"),
+        ({"d": "fp64"}, (1.0,), {}, "fp64"),
+        ({"x_ptr": "*fp16"}, (replay.Slot(0),), {"global_scratch_size": 128}, "scratch"),
+        ({"x_ptr": "*fp16"}, (replay.Slot(0),), {"num_ctas": 2}, "clusters"),
+    ],
+)
+def test_encode_step_refuses_what_it_cannot_replay(signature, args, meta, message):
+    with pytest.raises((TypeError, NotImplementedError), match=message):
+        replay.encode_step(replay.Step(_compiled(signature, **meta), (1,), args))
+
+
+def test_materialize_and_real_give_the_pointers_cpp_will_see():
+    slots = [None] * replay.N_SLOTS
+    slots[0] = torch.randn(6, 10, dtype=torch.bfloat16)
+    slots[1] = torch.randn(10, dtype=torch.bfloat16)
+    allocs = [
+        replay.Alloc(replay.LIKE, 3, 0),
+        replay.Alloc(replay.NEW, 4, 0, dtype=replay.FP32, shape=(2, 5, 10)),
+        replay.Alloc(replay.NEW, 5, 1, shape=(2, 10)),
+        replay.Alloc(replay.SELECT, 6, 5, index=1),
+    ]
+    replay.materialize(allocs, slots)
+    assert slots[3].shape == (6, 10) and slots[3].dtype == torch.bfloat16
+    assert slots[4].shape == (2, 5, 10) and slots[4].dtype == torch.float32
+    assert slots[5].dtype == torch.bfloat16 and slots[6].data_ptr() == slots[5].data_ptr() + 20
+    x, part, n = replay.real((replay.Slot(0), replay.Slot(4, 5 * 10 * 4), 3), slots)
+    assert x is slots[0] and n == 3
+    assert part.data_ptr() == slots[4].data_ptr() + 200
+    assert [a.encode() for a in allocs][1] == [replay.NEW, 4, 0, 0, replay.FP32, 2, 5, 10]
+
+
+def test_a_plan_that_fails_to_build_turns_the_path_off_and_the_op_runs_on(monkeypatch):
+    monkeypatch.setattr(replay, "ON", True)
+    made = []
+    replay.build(lambda a, b: made.append((a, b)), 1, 2)
+    assert made == [(1, 2)] and replay.ON
+
+    def broken(*args):
+        raise AttributeError("'CompiledKernel' object has no attribute 'src'")
+
+    with pytest.warns(UserWarning, match="no plan made.*Python path kept"):
+        replay.build(broken, 1)
+    assert replay.ON is False
+
+
+def test_the_python_path_runs_where_cpp_cannot():
+    if not device.GPU_MODE:
+        assert not replay.enabled() and replay.module() is None
+        x = torch.randn(3, 8)
+        assert replay.call(replay.SOFTMAX, x, None, None, 1.0) is None
+
+
+# ----------------------------------------------------------------------------- GPU: the replay
+
+gpu = pytest.mark.skipif(
+    not replay.enabled(), reason="needs the C++ launch path (a CUDA GPU and the CUDA toolkit)"
+)
+DTYPES = [torch.float32, torch.bfloat16]
+# One program; several programs with partial sums; 3-D; odd width; many rows; rows too wide for
+# the fused backward (two-step: row means, then dx by column chunks), one also looped forward.
+NORM_SHAPES = [(1, 4096), (8, 4096), (64, 1024), (2, 3, 768), (7, 1000), (4096, 1024),
+               (3, 16384), (1, 65536)]  # fmt: skip
+
+
+def _norm(kind, x, w, b):
+    return norms.rms_norm(x, w) if kind == "rms_norm" else norms.layer_norm(x, w, b)
+
+
+def _grads(kind, x, w, b, dy):
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    if kind == "rms_norm":
+        leaves = leaves[:2]
+    y = _norm(kind, *leaves, *([None] if kind == "rms_norm" else []))
+    return (y, *torch.autograd.grad(y, leaves, dy))
+
+
+@pytest.fixture
+def python_path_forbidden(monkeypatch):
+    """Makes any call that reaches the Python path fail: proof that a call was replayed."""
+
+    def forbid(*args, **kwargs):
+        raise AssertionError("the Python path ran: this call was not replayed from C++")
+
+    def forbid_all():
+        monkeypatch.setattr(norms, "_forward", forbid)
+        monkeypatch.setattr(norms, "_backward", forbid)
+        monkeypatch.setattr(softmax, "_softmax_forward", forbid)
+        monkeypatch.setattr(softmax, "_softmax_backward", forbid)
+
+    return forbid_all
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", NORM_SHAPES)
+@pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
+def test_norm_replay_matches_python_path_exactly(kind, shape, dtype, python_path_forbidden):
+    rows = 1 if len(shape) == 1 else int(torch.tensor(shape[:-1]).prod())
+    x, w, b, dy = norms.make_inputs(rows, shape[-1], dtype)
+    x, dy = x.reshape(shape) * 2 + 1, dy.reshape(shape)
+    first = _grads(kind, x, w, b, dy)  # Python path; it hands C++ the plan
+    nograd_first = _norm(kind, x, w, b)
+    python_path_forbidden()
+    second = _grads(kind, x, w, b, dy)
+    for a, r in zip(second, first):
+        assert a.dtype == r.dtype and a.shape == r.shape
+        torch.testing.assert_close(a, r, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(_norm(kind, x, w, b), nograd_first, rtol=0, atol=0)
+    # and against the fp32 reference, as the Python path is tested
+    ref = norms.rms_norm_ref(x, w) if kind == "rms_norm" else norms.layer_norm_ref(x, w, b)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2**-7, atol=2e-2)
+    torch.testing.assert_close(second[0], ref.to(dtype), **tol)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
+def test_norm_replay_strided_input_and_expanded_gradient(kind, python_path_forbidden):
+    """x a view with a row stride (the first 1,000 of 1,024 columns); dy from .sum() (stride 0)."""
+    big, w, b, _ = norms.make_inputs(33, 1024, torch.bfloat16)
+    w, b = w[:1000].contiguous(), b[:1000].contiguous()
+    results = []
+    for i in range(2):
+        if i == 1:
+            python_path_forbidden()
+        xl = big.clone()[:, :1000].requires_grad_()  # a leaf view: rows 1,024 elements apart
+        wl = w.clone().requires_grad_()
+        assert xl.stride(0) == 1024
+        y = _norm(kind, xl, wl, b)
+        y.float().sum().backward()
+        results.append((y, xl.grad, wl.grad))
+    for a, r in zip(*results):
+        torch.testing.assert_close(a, r, rtol=0, atol=0)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 4096), (64, 32000), (3, 5, 1000), (4096, 1024)])
+def test_softmax_replay_matches_python_path_exactly(shape, dtype, python_path_forbidden):
+    x = torch.randn(shape, device=device.DEVICE, dtype=dtype) * 4
+    dy = torch.randn(shape, device=device.DEVICE, dtype=dtype)
+    out = []
+    for i in range(2):
+        if i == 1:
+            python_path_forbidden()
+        xl = x.clone().requires_grad_()
+        y = softmax.softmax(xl)
+        out.append((y, *torch.autograd.grad(y, xl, dy), softmax.softmax(x)))
+    for a, r in zip(*out):
+        torch.testing.assert_close(a, r, rtol=0, atol=0)
+    torch.testing.assert_close(out[1][0], softmax.softmax_ref(x), rtol=2**-7, atol=1e-3)
+
+
+@gpu
+def test_replayed_ops_under_cuda_graph_capture():
+    x, w, b, _ = norms.make_inputs(8, 4096, torch.bfloat16)
+    expected = (norms.rms_norm(x, w), norms.layer_norm(x, w, b), softmax.softmax(x))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on the capture stream, as torch's docs ask
+        norms.rms_norm(x, w)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = (norms.rms_norm(x, w), norms.layer_norm(x, w, b), softmax.softmax(x))
+    x.copy_(torch.randn_like(x))  # new values (norms ignore a scale or a shift of x)
+    graph.replay()
+    torch.cuda.synchronize()
+    again = (norms.rms_norm(x, w), norms.layer_norm(x, w, b), softmax.softmax(x))
+    for o, a, e in zip(outs, again, expected):
+        torch.testing.assert_close(o, a, rtol=0, atol=0)
+        assert not torch.equal(o, e)  # the replay ran on the new x
+
+
+@gpu
+def test_a_changed_layout_or_setting_is_planned_anew_and_bad_input_still_raises():
+    x, w, b, _ = norms.make_inputs(16, 512, torch.float16)
+    norms.layer_norm(x, w, b)
+    n = replay.module().plan_count()
+    norms.layer_norm(x, w, b)  # replayed: no new plan
+    assert replay.module().plan_count() == n
+    y = norms.layer_norm(x, w, b, eps=0.5)  # another eps: its own plan, its own answer
+    assert replay.module().plan_count() == n + 1
+    torch.testing.assert_close(
+        y, norms.layer_norm_ref(x, w, b, eps=0.5).half(), rtol=2e-3, atol=2e-3
+    )
+    with pytest.raises(TypeError, match="weight must have x's dtype"):
+        norms.layer_norm(x, w.float(), b)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        norms.layer_norm(x, w[:256], b)
+    with pytest.raises(ValueError, match="dim must be the last dimension"):
+        softmax.softmax(x, dim=0)
+
+
+@gpu
+def test_switching_the_path_off_sends_calls_to_python(monkeypatch):
+    x, w, _, _ = norms.make_inputs(4, 256, torch.bfloat16)
+    norms.rms_norm(x, w)
+    calls = []
+    forward = norms._forward
+    monkeypatch.setattr(norms, "_forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    norms.rms_norm(x, w)
+    assert calls == []
+    monkeypatch.setattr(replay, "ON", False)
+    norms.rms_norm(x, w)
+    assert calls == [1]
+
+
+FIRST_BACKWARD = """
+import torch
+from kernels import norms, replay, softmax
+assert replay.enabled()
+x = torch.randn(3, 512, device="cuda") * 4
+w = torch.ones(512, device="cuda")
+softmax.softmax(x)  # a forward without autograd makes the plans
+norms.rms_norm(x, w)
+for f in (lambda x: softmax.softmax(x), lambda x: norms.rms_norm(x, w)):
+    xl = x.clone().requires_grad_()
+    # the process's first backward runs a C++ node on the autograd engine's thread
+    (f(xl) * torch.arange(512, device="cuda")).sum().backward()
+    assert torch.isfinite(xl.grad).all() and xl.grad.abs().sum() > 0
+print("ok")
+"""
+
+
+@gpu
+def test_the_first_backward_of_a_process_can_be_replayed():
+    """The autograd engine's thread has no driver context until something makes one current: a
+    process whose first backward is a replayed node must still launch (it crashed once)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FIRST_BACKWARD], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
