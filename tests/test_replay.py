@@ -291,3 +291,124 @@ def test_the_first_backward_of_a_process_can_be_replayed():
 
     out = subprocess.run([sys.executable, "-c", FIRST_BACKWARD], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- CPU: plans mirror the Python path
+#
+# A plan repeats, as slots, the launches the Python path makes. If a kernel's signature or a
+# launch's arguments change on one side only, the GPU tests would catch it; CI has no GPU, so here
+# both sides run in the interpreter and their launches are compared: the same kernels in the same
+# order, the same grids, meta-parameters and integer and float arguments, tensors where tensors go,
+# and the op's inputs in the same places.
+
+
+def _python_launches(monkeypatch, run):
+    """The launches ``run()`` makes through kernels.launch.Launcher: (kernel, grid, args, meta)."""
+    from kernels import launch
+
+    seen, call = [], launch.Launcher.__call__
+
+    def spy(self, key, grid, args, **meta):
+        seen.append((self.fn, tuple(grid), tuple(args), meta))
+        return call(self, key, grid, args, **meta)
+
+    monkeypatch.setattr(launch.Launcher, "__call__", spy)
+    run()
+    monkeypatch.setattr(launch.Launcher, "__call__", call)
+    return seen
+
+
+def _planned_launches(monkeypatch, kernels_, make_plan):
+    """The launches of the plan ``make_plan()`` hands replay.add, compiled by stand-ins:
+    {"fwd" | "nograd" | "bwd": [(kernel, grid, args, meta)]}."""
+    for k in kernels_:
+        monkeypatch.setattr(
+            k, "warmup", lambda *a, grid, _k=k, **meta: SimpleNamespace(k=_k, meta=meta)
+        )
+    got = {}
+
+    def add(op, x, w, b, setting, fwd, nograd, bwd, *rest):
+        for name, prog in (("fwd", fwd), ("nograd", nograd), ("bwd", bwd)):
+            got[name] = [(s.compiled.k, tuple(s.grid), s.args, s.compiled.meta) for s in prog.steps]
+
+    monkeypatch.setattr(replay, "add", add)
+    make_plan()
+    return got
+
+
+def _same_launches(python, planned, inputs):
+    """``inputs``: {id(tensor): slot} of the op's own tensors (x, weight, bias, dy)."""
+    assert [p[0] for p in python] == [q[0] for q in planned]
+    for (kp, gp, ap, mp), (_, gq, aq, mq) in zip(python, planned):
+        assert gp == gq and mp == mq and len(ap) == len(aq), kp
+        for a, s in zip(ap, aq):
+            if isinstance(a, torch.Tensor):
+                assert isinstance(s, replay.Slot), (kp, a, s)
+                if id(a) in inputs:
+                    assert (s.index, s.offset) == (inputs[id(a)], 0), kp
+            else:
+                assert a == s and type(a) is type(s), (kp, a, s)
+
+
+NORM_KERNELS = [norms._norm_fwd_kernel, norms._norm_fwd_looped_kernel, norms._norm_bwd_kernel,
+                norms._norm_bwd_stats_kernel, norms._norm_bwd_dx_kernel]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize(
+    "shape", [(2, 64), (300, 96), (3, 9000)]
+)  # one program; partials; two-step
+@pytest.mark.parametrize("strided", [False, True])  # x a view whose rows are 8 elements apart
+def test_norm_plan_repeats_the_python_paths_launches(monkeypatch, kind, shape, strided):
+    from kernels import partial_sums
+
+    is_rms = kind == "rms_norm"
+    x, w, b, dy = norms.make_inputs(*shape, torch.float32)
+    if strided:
+        x = torch.cat([x, x[:, :8]], dim=1)[:, : shape[1]]
+        assert x.stride(0) == shape[1] + 8
+    bias = None if is_rms else b
+    eps = 1e-6 if is_rms else 1e-5
+    py = {}
+    for stats in (True, False):
+
+        def forward(stats=stats):
+            py["out"] = norms._forward(x, w, bias, eps, is_rms, stats=stats)
+
+        py[stats] = _python_launches(monkeypatch, forward)
+    _, mean, rstd = py["out"] = norms._forward(x, w, bias, eps, is_rms)
+    bwd = _python_launches(
+        monkeypatch, lambda: norms._backward(dy, x, w, mean, rstd, bias is not None)
+    )
+    planned = _planned_launches(
+        monkeypatch,
+        [*NORM_KERNELS, partial_sums._sum_kernel],
+        lambda: norms._native_plan(x, w, bias, eps, is_rms),
+    )
+    inputs = {id(x): 0, id(w): 1, id(dy): 6}
+    if bias is not None:
+        inputs[id(bias)] = 2
+    _same_launches(py[True], planned["fwd"], inputs)
+    _same_launches(py[False], planned["nograd"], inputs)
+    _same_launches(bwd, planned["bwd"], inputs)
+    assert len(bwd) == (1 if shape == (2, 64) else 2 if shape == (300, 96) else 3)
+
+
+@pytest.mark.parametrize("shape", [(5, 300), (2, 70_001)])  # fused; looped
+def test_softmax_plan_repeats_the_python_paths_launches(monkeypatch, shape):
+    x = torch.randn(shape)
+    dy = torch.randn(shape)
+    y = []
+    fwd = _python_launches(
+        monkeypatch, lambda: y.append(softmax._softmax_forward(x, softmax.MAX_FUSED_BLOCK))
+    )
+    bwd = _python_launches(
+        monkeypatch, lambda: softmax._softmax_backward(y[0], dy, softmax.MAX_FUSED_BLOCK_BWD)
+    )
+    kernels_ = [softmax._softmax_kernel, softmax._softmax_looped_kernel, softmax._softmax_bwd_kernel,
+                softmax._softmax_bwd_looped_kernel]  # fmt: skip
+    planned = _planned_launches(
+        monkeypatch, kernels_, lambda: softmax._native_plan(x, softmax.MAX_FUSED_BLOCK)
+    )
+    _same_launches(fwd, planned["fwd"], {id(x): 0})
+    _same_launches(bwd, planned["bwd"], {id(dy): 4})
