@@ -292,7 +292,8 @@ def softmax(
 
     ``max_fused_block``: widest power-of-two row kept in registers; wider rows use the looped
     kernel (set it to 0 to force the looped kernel, to 2**17 to force registers)."""
-    if dim == -1:  # a layout seen before, on a GPU: launched from C++ (kernels.replay)
+    # A layout seen before, on a GPU: launched from C++ (kernels.replay).
+    if dim == -1 or (isinstance(x, torch.Tensor) and dim == x.ndim - 1):
         y = replay.call(replay.SOFTMAX, x, None, None, max_fused_block)
         if y is not None:
             return y

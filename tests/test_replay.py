@@ -211,6 +211,15 @@ def test_softmax_replay_matches_python_path_exactly(shape, dtype, python_path_fo
 
 
 @gpu
+def test_softmax_over_the_last_dim_by_number_is_replayed(python_path_forbidden):
+    x = torch.randn(6, 4, 100, device=device.DEVICE)
+    first = softmax.softmax(x, dim=2)  # plans the layout
+    python_path_forbidden()
+    torch.testing.assert_close(softmax.softmax(x, dim=2), first, rtol=0, atol=0)
+    torch.testing.assert_close(softmax.softmax(x, dim=-1), first, rtol=0, atol=0)
+
+
+@gpu
 def test_replayed_ops_under_cuda_graph_capture():
     x, w, b, _ = norms.make_inputs(8, 4096, torch.bfloat16)
     expected = (norms.rms_norm(x, w), norms.layer_norm(x, w, b), softmax.softmax(x))
