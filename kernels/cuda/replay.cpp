@@ -4,7 +4,7 @@
 // out, once per input layout, which tensors to allocate and which compiled kernels to launch with
 // which parameters (a Plan); this file allocates and launches them with no Python in between. The
 // backward runs as a C++ autograd node, on the autograd engine's thread, without taking the GIL:
-// the same path PyTorch's own ops take, and the reason for this file (page 3.3 measures it).
+// the same path PyTorch's own ops take, and the reason for this file (page 3.4 measures it).
 //
 // Tensors live in numbered slots: 0, 1, 2 are the op's inputs (x, weight, bias; absent ones
 // undefined), the others are what the plan allocates. A kernel parameter is a slot's data pointer
