@@ -620,6 +620,31 @@ def _bwd_programs(dy, x, weight, mean, rstd, dx, n_rows, n_cols, strides, meta) 
     return _RESIDENT[key]
 
 
+def _bwd_meta(cfg: dict, is_rms: bool, has_bias: bool) -> dict:
+    """The constexprs and warps of the backward's dx kernel (fused or two-step) ``cfg`` names."""
+    meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, num_warps=cfg["num_warps"])
+    if cfg["kernel"] == "fused":
+        return meta | dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["stages"])
+    return meta | dict(BLOCK_N=cfg["BLOCK_N"])
+
+
+def _bwd_stats_meta(cfg: dict, is_rms: bool) -> dict:
+    """The two-step backward's row-means kernel: its constexprs and warps (grid: one per row)."""
+    return dict(IS_RMS=is_rms, BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"])
+
+
+def _bwd_grid(cfg: dict, n_rows: int, n_cols: int, programs: int | None) -> tuple[tuple, int]:
+    """(grid, rows of partial sums) of the backward's dx kernel: the fused kernel runs
+    ``programs`` (``cfg``'s or as many as fit on the GPU) and writes a row each; the two-step
+    kernel tiles columns by rows and writes a row per group of rows."""
+    if cfg["kernel"] == "fused":
+        grid = (min(cdiv(n_rows, cfg["BLOCK_M"]), programs),)
+        return grid, grid[0]
+    n_chunks = cdiv(n_cols, cfg["BLOCK_N"])
+    grid = (n_chunks, max(1, min(n_rows, cfg["programs"] // n_chunks)))
+    return grid, grid[1]
+
+
 def _launch_bwd_rows(
     dy, x, weight, mean, rstd, dx, has_bias, n_rows, n_cols, strides, cfg, direct=False
 ):
@@ -630,29 +655,24 @@ def _launch_bwd_rows(
     dtype instead: ``[1 or 2, 1, n_cols]``, the finished sums."""
     is_rms = mean is None
     mean = rstd if is_rms else mean
-    meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, num_warps=cfg["num_warps"])
+    meta = _bwd_meta(cfg, is_rms, has_bias)
     key = (x.dtype, n_rows, n_cols, *strides, aligned(dy), aligned(x), aligned(weight))
     key += (aligned(dx), aligned(mean), aligned(rstd))
+    programs = cfg["programs"]
     if cfg["kernel"] == "fused":
-        meta |= dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["stages"])
-        programs = cfg["programs"] or _bwd_programs(
+        programs = programs or _bwd_programs(
             dy, x, weight, mean, rstd, dx, n_rows, n_cols, strides, meta
         )
-        grid = (min(cdiv(n_rows, cfg["BLOCK_M"]), programs),)
-        n_partials = grid[0]  # one row of partial sums per program
     else:
-        meta["BLOCK_N"] = cfg["BLOCK_N"]
         stats = x.new_empty((2, n_rows), dtype=torch.float32)
         c1, c2 = stats[0], stats[1]
         _BWD_STATS(
             (*key, is_rms, cfg["BLOCK_N"], cfg["num_warps"]),
             (n_rows,),
             (dy, x, weight, mean, rstd, c1, c2, n_cols, *strides[:2]),
-            IS_RMS=is_rms, BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
-        )  # fmt: skip
-        n_chunks = cdiv(n_cols, cfg["BLOCK_N"])
-        grid = (n_chunks, max(1, min(n_rows, cfg["programs"] // n_chunks)))
-        n_partials = grid[1]  # one row of partial sums per group of rows
+            **_bwd_stats_meta(cfg, is_rms),
+        )
+    grid, n_partials = _bwd_grid(cfg, n_rows, n_cols, programs)
     one = direct and cfg["kernel"] == "fused" and cfg["programs"] == 1
     out_dtype = weight.dtype if one else torch.float32
     partials = x.new_empty((2 if has_bias else 1, n_partials, n_cols), dtype=out_dtype)
@@ -783,30 +803,26 @@ def _native_backward(slots, n_rows, n_cols, stride, is_rms, has_bias, cfg) -> re
     inputs = (S(_DY), S(_X), S(_W), mean, S(_RSTD))
     allocs = [replay.Alloc(replay.LIKE, _DX, _X)]
     steps = []
-    meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, num_warps=cfg["num_warps"])
+    meta = _bwd_meta(cfg, is_rms, has_bias)
+    programs = cfg["programs"]
     if cfg["kernel"] == "fused":
-        meta |= dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["stages"])
         replay.materialize(allocs, slots)
-        programs = cfg["programs"] or _bwd_programs(
+        programs = programs or _bwd_programs(
             *replay.real((*inputs, S(_DX)), slots), n_rows, n_cols, strides, meta
         )
-        grid = (min(cdiv(n_rows, cfg["BLOCK_M"]), programs),)
-        n_partials, kernel, middle = grid[0], _norm_bwd_kernel, ()
+        kernel, middle = _norm_bwd_kernel, ()
     else:  # two-step: the row means c1, c2 first, then dx by column chunks
         stats = replay.Alloc(replay.NEW, _C, _X, dtype=replay.FP32, shape=(2, n_rows))
         allocs.append(stats)
         replay.materialize(allocs, slots)
         middle = (S(_C), S(_C, n_rows * 4))
         args = (*inputs, *middle, n_cols, *strides[:2])
-        stats_meta = dict(IS_RMS=is_rms, BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"])
         compiled = _norm_bwd_stats_kernel.warmup(
-            *replay.real(args, slots), grid=(n_rows,), **stats_meta
+            *replay.real(args, slots), grid=(n_rows,), **_bwd_stats_meta(cfg, is_rms)
         )
         steps.append(replay.Step(compiled, (n_rows,), args))
-        meta["BLOCK_N"] = cfg["BLOCK_N"]
-        n_chunks = cdiv(n_cols, cfg["BLOCK_N"])
-        grid = (n_chunks, max(1, min(n_rows, cfg["programs"] // n_chunks)))
-        n_partials, kernel = grid[1], _norm_bwd_dx_kernel
+        kernel = _norm_bwd_dx_kernel
+    grid, n_partials = _bwd_grid(cfg, n_rows, n_cols, programs)
     grads = replay.Alloc(replay.NEW, _GRADS, _W, shape=(n_grads, n_cols))  # the weight's dtype
     one = cfg["kernel"] == "fused" and cfg["programs"] == 1
     if one:  # one program writes dw and db themselves

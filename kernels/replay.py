@@ -131,7 +131,7 @@ def module():
         return load_inline(
             name=NAME,
             cpp_sources=(HERE / "replay.cpp").read_text(),
-            functions=["row_op", "add_plan", "clear_plans", "plan_count"],
+            functions=["row_op", "add_plan", "plan_count"],
             with_cuda=True,
             extra_cflags=["-O2"],
             verbose=False,
@@ -264,10 +264,3 @@ def add(op: int, x, w, b, setting: float, fwd: Program, nograd: Program, bwd: Pr
         op, x, w, b, float(setting), *fwd.encode(), *nograd.encode(), *bwd.encode(),
         y_slot, dy_slot, saved, grads,
     )  # fmt: skip
-
-
-def clear() -> None:
-    """Forget every plan (tests; a changed kernel configuration)."""
-    m = module()
-    if m is not None:
-        m.clear_plans()

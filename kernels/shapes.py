@@ -372,22 +372,30 @@ def run_case(case: Case, roofs: Roofs) -> dict:
             torch.cuda.empty_cache()
 
 
-def host_time(fn: Callable, calls: int | None = None) -> bench.Measurement:
-    """Host time per call of ``fn``: ``calls`` back-to-back calls, wall time over the count (the
-    median of 5 such loops). On a GPU, kernels this small finish before the next launch, so this
-    is what the host spends per call."""
-    calls = calls or device.pick(HOST_CALLS, 2)
+def host_loops(fn: Callable, calls: int, loops: int, clock: Callable = time.perf_counter) -> list:
+    """Host ms per call of ``fn`` in each of ``loops`` loops of ``calls`` back-to-back calls, by
+    ``clock`` (one call first; each loop ends with a synchronize). With ``time.process_time`` it
+    counts the CPU time of every thread (the autograd engine's included), which a shared host
+    disturbs less than wall time."""
     fn()
     if device.GPU_MODE:
         torch.cuda.synchronize()
-    loops = []
-    for _ in range(5):
-        t0 = time.perf_counter()
+    out = []
+    for _ in range(loops):
+        t0 = clock()
         for _ in range(calls):
             fn()
         if device.GPU_MODE:
             torch.cuda.synchronize()
-        loops.append((time.perf_counter() - t0) * 1e3 / calls)
+        out.append((clock() - t0) * 1e3 / calls)
+    return out
+
+
+def host_time(fn: Callable, calls: int | None = None) -> bench.Measurement:
+    """Host time per call of ``fn``: ``calls`` back-to-back calls, wall time over the count (the
+    median of 5 such loops). On a GPU, kernels this small finish before the next launch, so this
+    is what the host spends per call."""
+    loops = host_loops(fn, calls or device.pick(HOST_CALLS, 2), 5)
     ms = sorted(loops)[2]
     return bench.Measurement(ms, min(loops), max(loops), None, None, device.GPU_MODE)
 

@@ -102,11 +102,11 @@ def test_a_plan_that_fails_to_build_turns_the_path_off_and_the_op_runs_on(monkey
     assert replay.ON is False
 
 
+@pytest.mark.skipif(device.GPU_MODE, reason="what a machine without a GPU gets")
 def test_the_python_path_runs_where_cpp_cannot():
-    if not device.GPU_MODE:
-        assert not replay.enabled() and replay.module() is None
-        x = torch.randn(3, 8)
-        assert replay.call(replay.SOFTMAX, x, None, None, 1.0) is None
+    assert not replay.enabled() and replay.module() is None
+    x = torch.randn(3, 8)
+    assert replay.call(replay.SOFTMAX, x, None, None, 1.0) is None
 
 
 # ----------------------------------------------------------------------------- GPU: the replay
@@ -207,7 +207,8 @@ def test_softmax_replay_matches_python_path_exactly(shape, dtype, python_path_fo
         out.append((y, *torch.autograd.grad(y, xl, dy), softmax.softmax(x)))
     for a, r in zip(*out):
         torch.testing.assert_close(a, r, rtol=0, atol=0)
-    torch.testing.assert_close(out[1][0], softmax.softmax_ref(x), rtol=2**-7, atol=1e-3)
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=2**-7, atol=1e-5)
+    torch.testing.assert_close(out[1][0], softmax.softmax_ref(x), **tol)
 
 
 @gpu

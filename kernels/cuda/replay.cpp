@@ -368,12 +368,6 @@ void add_plan(int64_t op, const at::Tensor& x, const std::optional<at::Tensor>& 
   plans[key] = std::move(plan);
 }
 
-// Forgets every layout (a plan an autograd node still holds lives until the node goes).
-void clear_plans() {
-  std::lock_guard<std::mutex> lock(mutex);
-  plans.clear();
-}
-
 int64_t plan_count() {
   std::lock_guard<std::mutex> lock(mutex);
   return static_cast<int64_t>(plans.size());

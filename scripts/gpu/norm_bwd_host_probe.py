@@ -32,16 +32,7 @@ ROUNDS = 3
 
 def cpu_us(fn, calls: int = 200, loops: int = 7) -> float:
     """CPU µs per call of ``fn``: the least of ``loops`` loops of ``calls`` back-to-back calls."""
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(loops):
-        t0 = time.process_time()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        out.append((time.process_time() - t0) * 1e6 / calls)
-    return min(out)
+    return min(shapes.host_loops(fn, calls, loops, time.process_time)) * 1e3
 
 
 def device_us(fn) -> float:

@@ -37,16 +37,7 @@ PATHS = ("python", "c++", "torch")
 
 def loop_us(fn, clock, calls: int = 200, loops: int = 7) -> float:
     """µs per call of ``fn`` by ``clock``: the least of ``loops`` loops of ``calls`` calls."""
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(loops):
-        t0 = clock()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        out.append((clock() - t0) * 1e6 / calls)
-    return min(out)
+    return min(shapes.host_loops(fn, calls, loops, clock)) * 1e3
 
 
 def device_us(fn) -> float:
