@@ -50,6 +50,7 @@ from kernels.launch import (
 from kernels.rows import (
     check_device,
     check_float,
+    cluster_path,
     num_warps_for,
     row_launch,
     row_stride,
@@ -461,8 +462,13 @@ def _forward(x, weight, bias, eps, is_rms, cfg=None, stats=True):
     """y, mean, rstd for x viewed as rows (mean is None for RMSNorm). ``stats=False`` (no
     gradient wanted): mean and rstd are neither written nor allocated, and come back as None."""
     n_cols = x.shape[-1]
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
     n_rows = x.numel() // n_cols if n_cols else 0
+    if cfg is None:
+        op = "rms_norm_fwd" if is_rms else "layer_norm_fwd"
+        wide = cluster_path(x, n_rows, op, weight, bias)  # rows of 32,769+ values on Hopper
+        if wide is not None:
+            return wide.norm_forward(x, weight, bias, eps, is_rms, stats)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
     rstd = x.new_empty(n_rows, dtype=torch.float32) if stats else None
     mean = None if is_rms or not stats else x.new_empty(n_rows, dtype=torch.float32)
     if n_rows == 0 or n_cols == 0:
@@ -534,6 +540,11 @@ def _backward(dy, x, weight, mean, rstd, has_bias, cfg=None):
     """dx, dweight, dbias (None without a bias) for x viewed as rows."""
     layout = None
     if cfg is None:
+        n_cols = x.shape[-1]
+        op = "rms_norm_bwd" if mean is None else "layer_norm_bwd"
+        wide = cluster_path(x, x.numel() // n_cols if n_cols else 0, op, weight)
+        if wide is not None:
+            return wide.norm_backward(dy, x, weight, mean, rstd, has_bias)
         saved = (rstd,) if mean is None else (rstd, mean)
         layout = layout_key((dy, x, weight, *saved), has_bias)
         plan = _BWD_LAYOUTS.get(layout)
@@ -750,8 +761,13 @@ _X, _W, _B, _Y, _MEAN, _RSTD, _DY, _DX, _GRADS, _PART, _DW, _DB, _C = range(13)
 
 
 def _plan_native(x, weight, bias, eps, is_rms) -> None:
-    """Give kernels.replay this layout's plan (checked inputs only), if it can run it."""
-    if replay.planning(x):
+    """Give kernels.replay this layout's plan (checked inputs only), if it can run it. Layouts
+    whose forward or backward takes the cluster kernels (kernels.cuda.cluster_rows) are not
+    planned: they stay on the Python path, whose host cost is small beside theirs on the GPU."""
+    name, n_cols = "rms_norm" if is_rms else "layer_norm", x.shape[-1]
+    n_rows = x.numel() // n_cols if n_cols else 0
+    wide = any(cluster_path(x, n_rows, f"{name}_{d}", weight, bias) for d in ("fwd", "bwd"))
+    if not wide and replay.planning(x):
         replay.build(_native_plan, x, weight, bias, eps, is_rms)
 
 

@@ -19,6 +19,25 @@ from kernels.launch import cdiv, next_power_of_2, sm_count
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+# Rows wider than CLUSTER_ABOVE_COLS (the widest the Triton norms hold in registers), at least
+# CLUSTER_MIN_ROWS of them, may take the thread-block cluster kernels of kernels.cuda.cluster_rows
+# (rows split across the SMs of a cluster; Hopper and later). 1,024 rows of 65,536 bf16 values are
+# 128 MiB: about 90 us of GPU time forward, more than the Python launch path's host time.
+CLUSTER_ABOVE_COLS = 32768
+CLUSTER_MIN_ROWS = 1024
+
+
+def cluster_path(x: torch.Tensor, n_rows: int, op: str, *others: torch.Tensor | None):
+    """``kernels.cuda.cluster_rows`` if it takes the rows of ``x`` for ``op`` (with the weight and
+    bias in ``others``), else None. The width and row count are tested first, so the narrow rows
+    of a decode step pay two comparisons; the module is imported only for rows that pass them."""
+    if x.shape[-1] <= CLUSTER_ABOVE_COLS or n_rows < CLUSTER_MIN_ROWS:
+        return None
+    from kernels.cuda import cluster_rows
+
+    return cluster_rows if cluster_rows.use(x, n_rows, op, *others) else None
+
+
 def check_float(name: str, x) -> None:
     """TypeError naming ``name`` unless ``x`` is an fp32, fp16 or bf16 tensor."""
     if not isinstance(x, torch.Tensor):

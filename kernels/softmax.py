@@ -322,7 +322,10 @@ def _plan_native(x: torch.Tensor, max_fused_block: int) -> None:
     ``_softmax_forward`` and ``_softmax_backward``, made from the same plans."""
     if isinstance(max_fused_block, bool) or not isinstance(max_fused_block, int):
         return
-    if replay.planning(x):
+    default = max_fused_block == MAX_FUSED_BLOCK
+    # Layouts whose forward or backward takes the cluster kernels stay on the Python path.
+    wide = _wide(x, default) is not None or _wide(x, default, "softmax_bwd") is not None
+    if not wide and replay.planning(x):
         replay.build(_native_plan, x, max_fused_block)
 
 
@@ -347,7 +350,19 @@ def _native_plan(x: torch.Tensor, max_fused_block: int) -> None:
                replay.Program([dx_alloc], [bwd]), _Y, _DY, [_Y], [_DX])  # fmt: skip
 
 
+def _wide(x: torch.Tensor, default: bool, op: str = "softmax_fwd"):
+    """kernels.cuda.cluster_rows if it takes these rows, else None. Only for the default
+    ``max_fused_block`` (``default``): a caller who sets it asks for a Triton kernel."""
+    if not default or x.numel() == 0:
+        return None
+    return rows.cluster_path(x, x.numel() // x.shape[-1], op)
+
+
 def _softmax_forward(x: torch.Tensor, max_fused_block: int) -> torch.Tensor:
+    # Rows of 32,769+ values on Hopper may be split across a thread-block cluster.
+    wide = _wide(x, max_fused_block == MAX_FUSED_BLOCK)
+    if wide is not None:
+        return wide.softmax_forward(x)
     # empty_like, not new_empty(shape): a microsecond less of host time per call on an H100 host
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     n_cols = x.shape[-1]
@@ -363,6 +378,9 @@ def _softmax_forward(x: torch.Tensor, max_fused_block: int) -> torch.Tensor:
 
 def _softmax_backward(y: torch.Tensor, dy: torch.Tensor, max_fused_block: int) -> torch.Tensor:
     """dx from the forward's output ``y`` (contiguous) and the upstream gradient ``dy``."""
+    wide = _wide(y, max_fused_block == MAX_FUSED_BLOCK_BWD, "softmax_bwd")
+    if wide is not None:
+        return wide.softmax_backward(y, dy)
     dx = torch.empty_like(y, memory_format=torch.contiguous_format)
     n_cols = y.shape[-1]
     if n_cols == 0 or y.numel() == 0:

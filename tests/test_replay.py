@@ -406,8 +406,8 @@ def test_norm_plan_repeats_the_python_paths_launches(monkeypatch, kind, shape, s
 
 @pytest.mark.parametrize("shape", [(5, 300), (2, 70_001)])  # fused; looped
 def test_softmax_plan_repeats_the_python_paths_launches(monkeypatch, shape):
-    x = torch.randn(shape)
-    dy = torch.randn(shape)
+    x = torch.randn(shape, device=device.DEVICE)
+    dy = torch.randn(shape, device=device.DEVICE)
     y = []
     fwd = _python_launches(
         monkeypatch, lambda: y.append(softmax._softmax_forward(x, softmax.MAX_FUSED_BLOCK))

@@ -129,9 +129,9 @@ def source() -> str:
     return _read(SOURCES)
 
 
-def _load(reason: str | None, name: str, files: list[str], function: str, signature: str, flags):
+def _load(reason: str | None, name: str, files: list[str], function, signature: str, flags):
     """Build (or load from torch's extension cache) the extension ``name`` from ``files`` (the
-    kernels, then their torch bindings), exposing ``function``; or raise ``reason``, why it cannot
+    kernels, then their torch bindings), exposing ``function`` (a name or a list of names); or raise ``reason``, why it cannot
     run here, without trying. ``flags()`` is called only once the build is going ahead (reading
     the GPU's capability needs a GPU)."""
     from torch.utils.cpp_extension import load_inline
@@ -142,7 +142,7 @@ def _load(reason: str | None, name: str, files: list[str], function: str, signat
         name=name,
         cpp_sources=signature,
         cuda_sources=_read(files),
-        functions=[function],
+        functions=[function] if isinstance(function, str) else list(function),
         extra_cuda_cflags=["-O3", "-lineinfo", "-std=c++17", *flags()],
         verbose=False,
     )

@@ -79,6 +79,54 @@ def norms_fwd_bwd():
                 close(g, gr, 5e-2)
 
 
+def cluster_rows():
+    """Rows split across a thread-block cluster (kernels.cuda.cluster_rows; Hopper and nvcc)."""
+    from kernels import norms, softmax
+    from kernels.cuda import cluster_rows as cr
+
+    if cr.unavailable_reason() is not None:
+        return
+    # 256 rows of 16,392 columns: three CTAs a row forward (five backward), the last one mostly
+    # padding. The kernels' reach is widened to every op and to these rows, which they would not
+    # otherwise be used for (kernels.rows.CLUSTER_ABOVE_COLS, CLUSTER_MIN_ROWS, cr.WINS).
+    rows, cols = 256, 16_392
+    from kernels import rows as rows_mod
+
+    keep = rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS
+    rows_mod.CLUSTER_ABOVE_COLS = cr.CLUSTER_ABOVE_COLS = 8192
+    rows_mod.CLUSTER_MIN_ROWS = cr.CLUSTER_MIN_ROWS = 1
+    cr.WINS = {op: {2, 4} for op in cr.WINS}
+    try:
+        _cluster_rows(cr, norms, softmax, rows, cols)
+    finally:
+        rows_mod.CLUSTER_ABOVE_COLS = cr.CLUSTER_ABOVE_COLS = keep[0]
+        rows_mod.CLUSTER_MIN_ROWS = cr.CLUSTER_MIN_ROWS = keep[1]
+        cr.WINS = keep[2]
+
+
+def _cluster_rows(cr, norms, softmax, rows, cols):
+    x = rnd(rows, cols).requires_grad_()
+    w, b = rnd(cols).requires_grad_(), rnd(cols).requires_grad_()
+    assert cr.use(x, rows, "layer_norm_fwd", w, b)
+    dy = rnd(rows, cols)
+    for name in ("softmax", "rms", "layer"):
+        xr = x.detach().float().requires_grad_()
+        if name == "softmax":
+            args, ref_args = (), ()
+            y, ref = softmax.softmax(x), torch.softmax(xr, -1)
+        else:
+            args = (w,) if name == "rms" else (w, b)
+            ref_args = [a.detach().float().requires_grad_() for a in args]
+            fn = norms.rms_norm if name == "rms" else norms.layer_norm
+            ref_fn = norms.rms_norm_ref if name == "rms" else norms.layer_norm_ref
+            y, ref = fn(x, *args), ref_fn(xr, *ref_args)
+        close(y, ref)
+        grads = torch.autograd.grad(y, [x, *args], dy)
+        grads_ref = torch.autograd.grad(ref, [xr, *ref_args], dy.float())
+        for g, gr in zip(grads, grads_ref):
+            close(g, gr, 5e-2)
+
+
 def matmul():
     from kernels import matmul as mm
 
@@ -283,7 +331,7 @@ def moe_fwd_bwd():
             assert err < 2e-2, f"d{name}: relative error {err:.2e}"
 
 
-STEPS = [vector_add, softmax_fwd_bwd, norms_fwd_bwd, matmul, attention_fwd_bwd, paged_decode, mla_dsa,
+STEPS = [vector_add, softmax_fwd_bwd, norms_fwd_bwd, cluster_rows, matmul, attention_fwd_bwd, paged_decode, mla_dsa,
          topk_select, quant_gemv, quant_fp8, sgemm_ladder, hopper_gemm, hopper_attention, megakernel,
          trees, moe_fwd_bwd]  # fmt: skip
 

@@ -1,0 +1,590 @@
+// Row-wise ops on rows too wide for one SM: each row is split across the CTAs of a thread-block
+// cluster (sm_90+), and the row's sums are combined through distributed shared memory.
+//
+// Why. RMSNorm, LayerNorm and softmax need a whole-row statistic before they can write any of the
+// row. A row of 65,536 values does not fit in one SM's registers, so the Triton kernels either
+// spill or read the row twice (three passes of memory traffic instead of two). Here the row is cut
+// into S chunks of at most CHUNK = 256 threads x E values; the S CTAs of one cluster (Hopper and
+// later guarantee they run at the same time, on neighbouring SMs) each hold one chunk in registers.
+// Each CTA reduces its chunk (warp shuffles, then shared memory), writes its partial to its own
+// shared memory, and after a cluster barrier every thread reads the S partials straight out of the
+// other CTAs' shared memory (cg::cluster_group::map_shared_rank). Every CTA adds them in the same
+// order, so all of them hold the identical row statistic. The row is read once and written once.
+//
+// Kernels (T = float, __half or __nv_bfloat16; rows are 16-byte aligned vectors of T):
+//   norm_fwd   y = (x - mean) * rstd * w (+ b), and the row's mean and rstd (fp32) if STATS
+//   norm_bwd   dx, and each cluster's fp32 partial column sums of dy * xhat (dw) and dy (db): the
+//              clusters are persistent (as many as fit), each walks rows c, c + G, c + 2G, ...
+//              and keeps its columns' dw/db sums in registers; kernels.partial_sums adds the G
+//              partial rows up afterwards
+//   softmax_fwd  y = exp(x - max) / sum(exp(x - max))
+//   softmax_bwd  dx = y * (dy - sum(y * dy))
+//
+// A cluster's shared memory must outlive every read of it from other CTAs, so each kernel ends
+// with a cluster barrier (arrive right after the last remote read, wait just before exiting, so
+// the stores in between overlap it). The persistent backward reuses its partial-sum slots row after
+// row: two slots, alternating, are enough, because the barrier of row i + 1 is reached by every
+// thread only after its remote reads of row i.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+namespace cluster_rows {
+namespace cg = cooperative_groups;
+
+constexpr int THREADS = 256;
+constexpr int WARPS = THREADS / 32;
+constexpr int MAX_CLUSTER = 16;  // 8 is portable; 16 needs the non-portable attribute (H100: yes)
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// One thread's share of a chunk: E values as E / V vectors of V = 16 / sizeof(T) values. Vector i
+// of thread t starts at column c0 + (i * THREADS + t) * V, so a warp's loads are contiguous.
+// One thread's share of a chunk: E values as E / V vectors of V = 16 / sizeof(T) values. Vector i
+// of thread t starts at column c0 + (i * THREADS + t) * V, so a warp's loads are contiguous.
+template <typename T, int E>
+struct Cols {
+  static constexpr int V = 16 / sizeof(T);
+  static constexpr int N = E / V;  // vectors per thread
+  __device__ __forceinline__ static int col(int c0, int i) { return c0 + (i * THREADS + threadIdx.x) * V; }
+};
+
+// The chunk as loaded, 16 bytes a vector: a 16-bit type keeps two values per register, half the
+// registers of fp32 copies, so twice as many CTAs fit on an SM and more loads are in flight while a
+// CTA waits at the cluster barrier. at(i, j) converts one value to fp32. Columns at or past n
+// load as zero bits (the caller masks them where zero is not neutral).
+template <typename T, int E>
+struct Packed : Cols<T, E> {
+  using Cols<T, E>::N;
+  using Cols<T, E>::col;
+  uint4 raw[N];
+
+  __device__ __forceinline__ void load(const T* row, int c0, int n) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int c = col(c0, i);
+      raw[i] = c < n ? __ldcs(reinterpret_cast<const uint4*>(row + c)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  __device__ __forceinline__ float at(int i, int j) const { return to_f(reinterpret_cast<const T*>(&raw[i])[j]); }
+};
+
+// The chunk as fp32 values the kernel may overwrite (the norms' backward turns x into xhat).
+template <typename T, int E>
+struct Floats : Cols<T, E> {
+  using Cols<T, E>::N;
+  using Cols<T, E>::V;
+  using Cols<T, E>::col;
+  float v[N][V];
+
+  __device__ __forceinline__ void load(const T* row, int c0, int n) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int c = col(c0, i);
+      uint4 raw = c < n ? __ldcs(reinterpret_cast<const uint4*>(row + c)) : make_uint4(0, 0, 0, 0);
+      const T* t = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[i][j] = to_f(t[j]);
+    }
+  }
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void load_vec(const T* p, float (&f)[V]) {
+  uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));  // weights: reused by every row, cached
+  const T* t = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int j = 0; j < V; ++j) f[j] = to_f(t[j]);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_vec(T* p, const float (&f)[V]) {
+  uint4 raw;
+  T* t = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int j = 0; j < V; ++j) t[j] = from_f<T>(f[j]);
+  __stcs(reinterpret_cast<uint4*>(p), raw);  // streamed: not read again by this kernel
+}
+
+struct Sum {
+  __device__ __forceinline__ static float op(float a, float b) { return a + b; }
+};
+struct Max {
+  __device__ __forceinline__ static float op(float a, float b) { return fmaxf(a, b); }
+};
+
+// Shared memory of the reductions: per-warp values, then this CTA's K values, read by the cluster.
+template <int K>
+struct Scratch {
+  float warp[WARPS][K];
+  float part[2][K];  // two slots: the persistent backward alternates them row by row
+};
+
+// Reduce K values per thread over this CTA with Op; every thread gets the K results (fixed order:
+// shuffles, then the warps in order). Ends with a barrier, so the scratch can be reused at once.
+template <class Op, int K>
+__device__ __forceinline__ void block_reduce(float (&v)[K], Scratch<K>& s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v[k] = Op::op(v[k], __shfl_xor_sync(0xffffffffu, v[k], off));
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) s.warp[warp][k] = v[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    float a = s.warp[0][k];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) a = Op::op(a, s.warp[w][k]);
+    v[k] = a;
+  }
+  __syncthreads();
+}
+
+// Publish this CTA's K values (every thread holds them) to the cluster: after this, part[slot] of
+// every CTA of the cluster can be read with remote().
+template <int K>
+__device__ __forceinline__ void publish(const float (&v)[K], Scratch<K>& s, int slot, cg::cluster_group& cl) {
+  if (threadIdx.x < K) s.part[slot][threadIdx.x] = v[threadIdx.x];
+  cl.sync();
+}
+
+// Value k of CTA `rank`'s published part[slot] (distributed shared memory).
+template <int K>
+__device__ __forceinline__ float remote(Scratch<K>& s, int slot, int k, int rank, cg::cluster_group& cl) {
+  return *cl.map_shared_rank(&s.part[slot][k], rank);
+}
+
+// The sum of K values per thread over the whole cluster; every thread of every CTA gets the same
+// K results (ranks added in order).
+template <int K>
+__device__ __forceinline__ void cluster_sum(float (&v)[K], Scratch<K>& s, int slot, cg::cluster_group& cl) {
+  block_reduce<Sum>(v, s);
+  publish(v, s, slot, cl);
+  const int ranks = static_cast<int>(cl.num_blocks());
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    float a = remote(s, slot, k, 0, cl);
+    for (int r = 1; r < ranks; ++r) a += remote(s, slot, k, r, cl);
+    v[k] = a;
+  }
+}
+
+// Valid columns of CTA `rank`'s chunk.
+__device__ __forceinline__ int chunk_count(int rank, int chunk, int n) {
+  const int left = n - rank * chunk;
+  return left <= 0 ? 0 : (left < chunk ? left : chunk);
+}
+
+// ------------------------------------------------------------------------------------ norms
+//
+// LayerNorm's mean and variance take one cluster exchange: each CTA publishes its chunk's sum and
+// its sum of squared deviations from the chunk's own mean (M2, exact: the chunk is in registers),
+// and every CTA merges the S pairs with Chan et al.'s rule, M2 = sum M2_r + sum n_r (m_r - m)^2.
+// That is as stable as two passes (no E[x^2] - E[x]^2 cancellation) at the cost of one barrier.
+
+template <typename T, int E, bool RMS, bool BIAS, bool STATS>
+__global__ void __launch_bounds__(THREADS) norm_fwd(const T* __restrict__ x, int64_t sx,
+                                                    const T* __restrict__ w, const T* __restrict__ b,
+                                                    T* __restrict__ y, int64_t sy, float* __restrict__ mean_out,
+                                                    float* __restrict__ rstd_out, int n, float eps) {
+  using F = Packed<T, E>;
+  constexpr int V = F::V;
+  constexpr int CHUNK = E * THREADS;
+  __shared__ Scratch<2> s;
+  cg::cluster_group cl = cg::this_cluster();
+  const int ranks = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
+  const int64_t row = blockIdx.x / ranks;
+  const int c0 = rank * CHUNK;
+  F f;
+  f.load(x + row * sx, c0, n);
+  float mean = 0.f, var;
+  if constexpr (RMS) {
+    float a[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < F::N; ++i)
+#pragma unroll
+      for (int j = 0; j < V; ++j) a[0] += f.at(i, j) * f.at(i, j);  // padding loads as 0
+    cluster_sum(a, s, 0, cl);
+    var = a[0] / n;
+  } else {
+    const int count = chunk_count(rank, CHUNK, n);
+    float a[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < F::N; ++i)
+#pragma unroll
+      for (int j = 0; j < V; ++j) a[0] += f.at(i, j);
+    block_reduce<Sum>(a, s);
+    const float local_mean = count > 0 ? a[0] / count : 0.f;
+    float m2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < F::N; ++i) {
+      const bool in = F::col(c0, i) < n;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = in ? f.at(i, j) - local_mean : 0.f;
+        m2 += d * d;
+      }
+    }
+    float b2[2] = {m2, 0.f};
+    block_reduce<Sum>(b2, s);
+    a[1] = b2[0];
+    publish(a, s, 0, cl);
+    float total = 0.f;
+    for (int r = 0; r < ranks; ++r) total += remote(s, 0, 0, r, cl);
+    mean = total / n;
+    float M2 = 0.f;
+    for (int r = 0; r < ranks; ++r) {
+      const int nr = chunk_count(r, CHUNK, n);
+      if (nr == 0) continue;
+      const float d = remote(s, 0, 0, r, cl) / nr - mean;
+      M2 += remote(s, 0, 1, r, cl) + nr * d * d;
+    }
+    var = M2 / n;
+  }
+  auto done = cl.barrier_arrive();  // done reading the other CTAs' shared memory
+  const float rstd = rsqrtf(var + eps);
+  T* yr = y + row * sy;
+#pragma unroll
+  for (int i = 0; i < F::N; ++i) {
+    const int c = F::col(c0, i);
+    if (c >= n) continue;
+    float wv[V], bv[V], o[V];
+    load_vec<T, V>(w + c, wv);
+    if constexpr (BIAS) load_vec<T, V>(b + c, bv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      o[j] = (f.at(i, j) - mean) * rstd * wv[j];
+      if constexpr (BIAS) o[j] += bv[j];
+    }
+    store_vec<T, V>(yr + c, o);
+  }
+  if constexpr (STATS) {
+    if (rank == 0 && threadIdx.x == 0) {
+      rstd_out[row] = rstd;
+      if constexpr (!RMS) mean_out[row] = mean;
+    }
+  }
+  cl.barrier_wait(std::move(done));  // no CTA's shared memory goes while another may read it
+}
+
+template <typename T, int E, bool RMS, bool BIAS>
+__global__ void __launch_bounds__(THREADS) norm_bwd(const T* __restrict__ dy, int64_t sdy,
+                                                    const T* __restrict__ x, int64_t sx,
+                                                    const T* __restrict__ w, const float* __restrict__ mean,
+                                                    const float* __restrict__ rstd, T* __restrict__ dx,
+                                                    int64_t sdx, float* __restrict__ dw_part,
+                                                    float* __restrict__ db_part, int n_rows, int n) {
+  using F = Floats<T, E>;
+  constexpr int V = F::V;
+  constexpr int K = RMS ? 1 : 2;
+  __shared__ Scratch<K> s;
+  cg::cluster_group cl = cg::this_cluster();
+  const int ranks = static_cast<int>(cl.num_blocks());
+  const int cluster = blockIdx.x / ranks, clusters = gridDim.x / ranks;
+  const int c0 = static_cast<int>(cl.block_rank()) * (E * THREADS);
+  float dw[F::N][V] = {}, db[F::N][V] = {};
+  F xh, g;
+  int slot = 0;
+  for (int row = cluster; row < n_rows; row += clusters, slot ^= 1) {
+    xh.load(x + row * sx, c0, n);
+    g.load(dy + row * sdy, c0, n);
+    const float rs = rstd[row], mu = RMS ? 0.f : mean[row];
+    float acc[K] = {};
+#pragma unroll
+    for (int i = 0; i < F::N; ++i) {
+      const int c = F::col(c0, i);
+      float wv[V] = {};
+      if (c < n) load_vec<T, V>(w + c, wv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float h = c < n ? (xh.v[i][j] - mu) * rs : 0.f;
+        const float d = g.v[i][j];
+        dw[i][j] += d * h;
+        if constexpr (BIAS) db[i][j] += d;
+        xh.v[i][j] = h;
+        g.v[i][j] = d * wv[j];
+        acc[0] += g.v[i][j] * h;
+        if constexpr (!RMS) acc[K - 1] += g.v[i][j];
+      }
+    }
+    cluster_sum(acc, s, slot, cl);
+    const float c1 = acc[0] / n, c2 = RMS ? 0.f : acc[K - 1] / n;
+    T* dxr = dx + row * sdx;
+#pragma unroll
+    for (int i = 0; i < F::N; ++i) {
+      const int c = F::col(c0, i);
+      if (c >= n) continue;
+      float o[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) o[j] = rs * (g.v[i][j] - xh.v[i][j] * c1 - c2);
+      store_vec<T, V>(dxr + c, o);
+    }
+  }
+  auto done = cl.barrier_arrive();
+  // This cluster's partial column sums: row `cluster` of the [clusters, n] fp32 blocks.
+#pragma unroll
+  for (int i = 0; i < F::N; ++i) {
+    const int c = F::col(c0, i);
+    if (c >= n) continue;
+    float* pw = dw_part + static_cast<int64_t>(cluster) * n + c;
+#pragma unroll
+    for (int j = 0; j < V; j += 4)
+      *reinterpret_cast<float4*>(pw + j) = make_float4(dw[i][j], dw[i][j + 1], dw[i][j + 2], dw[i][j + 3]);
+    if constexpr (BIAS) {
+      float* pb = db_part + static_cast<int64_t>(cluster) * n + c;
+#pragma unroll
+      for (int j = 0; j < V; j += 4)
+        *reinterpret_cast<float4*>(pb + j) = make_float4(db[i][j], db[i][j + 1], db[i][j + 2], db[i][j + 3]);
+    }
+  }
+  cl.barrier_wait(std::move(done));
+}
+
+// ------------------------------------------------------------------------------------ softmax
+//
+// The forward takes one cluster exchange too: each CTA publishes its chunk's max m_r and its sum
+// l_r of exp(x - m_r), and every CTA merges them as the online softmax does (page 4.5):
+// m = max m_r, l = sum l_r exp(m_r - m).
+
+template <typename T, int E>
+__global__ void __launch_bounds__(THREADS) softmax_fwd(const T* __restrict__ x, int64_t sx,
+                                                       T* __restrict__ y, int64_t sy, int n) {
+  using F = Packed<T, E>;
+  constexpr int V = F::V;
+  constexpr float LOG2E = 1.4426950408889634f;
+  __shared__ Scratch<2> s;
+  cg::cluster_group cl = cg::this_cluster();
+  const int ranks = static_cast<int>(cl.num_blocks());
+  const int64_t row = blockIdx.x / ranks;
+  const int c0 = static_cast<int>(cl.block_rank()) * (E * THREADS);
+  F f;
+  f.load(x + row * sx, c0, n);
+  float m[2] = {-INFINITY, 0.f};
+#pragma unroll
+  for (int i = 0; i < F::N; ++i) {
+    if (F::col(c0, i) >= n) continue;
+#pragma unroll
+    for (int j = 0; j < V; ++j) m[0] = fmaxf(m[0], f.at(i, j));
+  }
+  block_reduce<Max>(m, s);
+  // A chunk of padding only (m_r = -inf) adds nothing: its l_r is 0.
+  const float mr = m[0] == -INFINITY ? 0.f : m[0];
+  float l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < F::N; ++i) {
+    if (F::col(c0, i) >= n) continue;
+#pragma unroll
+    for (int j = 0; j < V; ++j) l[0] += exp2f((f.at(i, j) - mr) * LOG2E);
+  }
+  block_reduce<Sum>(l, s);
+  float part[2] = {m[0], l[0]};
+  publish(part, s, 0, cl);
+  float mx = -INFINITY;
+  for (int r = 0; r < ranks; ++r) mx = fmaxf(mx, remote(s, 0, 0, r, cl));
+  float sum = 0.f;
+  for (int r = 0; r < ranks; ++r) {
+    const float m_r = remote(s, 0, 0, r, cl);
+    if (m_r == -INFINITY) continue;
+    sum += remote(s, 0, 1, r, cl) * exp2f((m_r - mx) * LOG2E);
+  }
+  auto done = cl.barrier_arrive();
+  // A row of -inf only has no max to subtract: its output is NaN, as torch.softmax's is.
+  const float inv = 1.f / sum;
+  T* yr = y + row * sy;
+#pragma unroll
+  for (int i = 0; i < F::N; ++i) {
+    const int c = F::col(c0, i);
+    if (c >= n) continue;
+    float o[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) o[j] = exp2f((f.at(i, j) - mx) * LOG2E) * inv;
+    store_vec<T, V>(yr + c, o);
+  }
+  cl.barrier_wait(std::move(done));
+}
+
+template <typename T, int E>
+__global__ void __launch_bounds__(THREADS) softmax_bwd(const T* __restrict__ y, int64_t sy,
+                                                       const T* __restrict__ dy, int64_t sdy,
+                                                       T* __restrict__ dx, int64_t sdx, int n) {
+  using F = Packed<T, E>;
+  constexpr int V = F::V;
+  __shared__ Scratch<1> s;
+  cg::cluster_group cl = cg::this_cluster();
+  const int ranks = static_cast<int>(cl.num_blocks());
+  const int64_t row = blockIdx.x / ranks;
+  const int c0 = static_cast<int>(cl.block_rank()) * (E * THREADS);
+  F fy, fd;
+  fy.load(y + row * sy, c0, n);
+  fd.load(dy + row * sdy, c0, n);
+  float a[1] = {0.f};
+#pragma unroll
+  for (int i = 0; i < F::N; ++i)
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[0] += fy.at(i, j) * fd.at(i, j);  // padding loads as 0
+  cluster_sum(a, s, 0, cl);
+  auto done = cl.barrier_arrive();
+  T* dxr = dx + row * sdx;
+#pragma unroll
+  for (int i = 0; i < F::N; ++i) {
+    const int c = F::col(c0, i);
+    if (c >= n) continue;
+    float o[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) o[j] = fy.at(i, j) * (fd.at(i, j) - a[0]);
+    store_vec<T, V>(dxr + c, o);
+  }
+  cl.barrier_wait(std::move(done));
+}
+
+// ------------------------------------------------------------------------------------ host side
+
+enum DType { F32 = 0, F16 = 1, BF16 = 2 };
+
+// Launch `kernel` on `grid` CTAs in clusters of `cluster` along x. nullptr or the error's text.
+template <typename... P, typename... A>
+const char* launch(void (*kernel)(P...), int grid, int cluster, cudaStream_t stream, A... args) {
+  if (cluster > 8 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+    return cudaGetErrorString(cudaGetLastError());
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid, 1, 1);
+  cfg.blockDim = dim3(THREADS, 1, 1);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+// Clusters of `cluster` CTAs of `kernel` that fit on the GPU at once (0 if none: the caller must
+// not launch the persistent kernel then).
+template <typename... P>
+int max_clusters(void (*kernel)(P...), int cluster) {
+  if (cluster > 8) cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(cluster, 1, 1);
+  cfg.blockDim = dim3(THREADS, 1, 1);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// CTAs per row for rows of n values, E values per thread (the caller checks it is <= MAX_CLUSTER).
+inline int cluster_for(int n, int e) { return (n + e * THREADS - 1) / (e * THREADS); }
+
+// The kernels' dispatch: dtype x E (x the norms' switches) -> one template instance.
+#define CR_DTYPES(DT, ...)                                   \
+  switch (DT) {                                              \
+    case F32: { using T = float; __VA_ARGS__; } break;       \
+    case F16: { using T = __half; __VA_ARGS__; } break;      \
+    default: { using T = __nv_bfloat16; __VA_ARGS__; } break; \
+  }
+#define CR_E(EV, ...)                                        \
+  if ((EV) == 16) { constexpr int E = 16; __VA_ARGS__; }    \
+  else { constexpr int E = 32; __VA_ARGS__; }
+
+const char* norm_fwd_launch(int dt, int e, bool rms, bool bias, bool stats, const void* x, int64_t sx,
+                            const void* w, const void* b, void* y, int64_t sy, float* mean, float* rstd,
+                            int rows, int n, float eps, cudaStream_t st) {
+  const int cl = cluster_for(n, e);
+  const char* err = nullptr;
+  CR_DTYPES(dt, CR_E(e, {
+    auto go = [&](auto kernel) {
+      err = launch(kernel, rows * cl, cl, st, (const T*)x, sx, (const T*)w, (const T*)b, (T*)y, sy,
+                   mean, rstd, n, eps);
+    };
+    if (rms) stats ? go(norm_fwd<T, E, true, false, true>) : go(norm_fwd<T, E, true, false, false>);
+    else if (bias) stats ? go(norm_fwd<T, E, false, true, true>) : go(norm_fwd<T, E, false, true, false>);
+    else stats ? go(norm_fwd<T, E, false, false, true>) : go(norm_fwd<T, E, false, false, false>);
+  }))
+  return err;
+}
+
+// clusters <= 0: as many as fit at once (at most one per row). Returns the clusters launched in
+// *used (the rows of dw_part / db_part written), or an error.
+const char* norm_bwd_launch(int dt, int e, bool rms, bool bias, const void* dy, int64_t sdy,
+                            const void* x, int64_t sx, const void* w, const float* mean,
+                            const float* rstd, void* dx, int64_t sdx, float* dw_part, float* db_part,
+                            int rows, int n, int clusters, int* used, cudaStream_t st) {
+  const int cl = cluster_for(n, e);
+  const char* err = nullptr;
+  CR_DTYPES(dt, CR_E(e, {
+    auto go = [&](auto kernel) {
+      int g = clusters > 0 ? clusters : max_clusters(kernel, cl);
+      if (g <= 0) { err = "no cluster of this size fits on the GPU"; return; }
+      if (g > rows) g = rows;
+      *used = g;
+      err = launch(kernel, g * cl, cl, st, (const T*)dy, sdy, (const T*)x, sx, (const T*)w, mean, rstd,
+                   (T*)dx, sdx, dw_part, db_part, rows, n);
+    };
+    if (rms) go(norm_bwd<T, E, true, false>);
+    else if (bias) go(norm_bwd<T, E, false, true>);
+    else go(norm_bwd<T, E, false, false>);
+  }))
+  return err;
+}
+
+// Clusters the backward would launch (so the caller can size dw_part and db_part first).
+int norm_bwd_clusters(int dt, int e, bool rms, bool bias, int n) {
+  const int cl = cluster_for(n, e);
+  int g = 0;
+  CR_DTYPES(dt, CR_E(e, {
+    if (rms) g = max_clusters(norm_bwd<T, E, true, false>, cl);
+    else if (bias) g = max_clusters(norm_bwd<T, E, false, true>, cl);
+    else g = max_clusters(norm_bwd<T, E, false, false>, cl);
+  }))
+  return g;
+}
+
+const char* softmax_fwd_launch(int dt, int e, const void* x, int64_t sx, void* y, int64_t sy, int rows,
+                               int n, cudaStream_t st) {
+  const int cl = cluster_for(n, e);
+  const char* err = nullptr;
+  CR_DTYPES(dt, CR_E(e, { err = launch(softmax_fwd<T, E>, rows * cl, cl, st, (const T*)x, sx, (T*)y, sy, n); }))
+  return err;
+}
+
+const char* softmax_bwd_launch(int dt, int e, const void* y, int64_t sy, const void* dy, int64_t sdy,
+                               void* dx, int64_t sdx, int rows, int n, cudaStream_t st) {
+  const int cl = cluster_for(n, e);
+  const char* err = nullptr;
+  CR_DTYPES(dt, CR_E(e, {
+    err = launch(softmax_bwd<T, E>, rows * cl, cl, st, (const T*)y, sy, (const T*)dy, sdy, (T*)dx, sdx, n);
+  }))
+  return err;
+}
+
+}  // namespace cluster_rows

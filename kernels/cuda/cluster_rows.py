@@ -1,0 +1,186 @@
+"""Row-wise ops on very wide rows, each row split across a thread-block cluster (Hopper and later).
+
+``softmax``, ``rms_norm`` and ``layer_norm`` need a statistic of the whole row before they write
+any of it. Up to 32,768 columns (norms) or 65,536 (softmax) the Triton kernels hold a row in one
+program's registers. Wider, a row no longer fits in one SM: the Triton kernels spill or read the row
+twice, and at 65,536 columns an H100 measured 0.66-0.85 of the copy bandwidth forward and 0.59-0.64
+backward (page 4.5). ``cluster_rows.cu`` splits each row across the S CTAs of a *cluster* (S = the
+row's width / 8,192 values, at most 16), which the hardware runs at once on neighbouring SMs. Each
+CTA holds its chunk in registers and reduces it, and the S partial sums meet through distributed
+shared memory: the row is read once and written once.
+
+The ops in ``kernels.softmax`` and ``kernels.norms`` call ``norm_forward`` / ``norm_backward`` /
+``softmax_forward`` / ``softmax_backward`` here for the layouts ``use`` accepts: a GPU of compute
+capability 9.0 or more with nvcc; an op and dtype for which the kernels measured faster than the
+Triton ones (``WINS``); rows wider than 32,768 values (``kernels.rows.CLUSTER_ABOVE_COLS``, up to
+65,536) that are whole 16-byte vectors (width, row stride and data pointer); and at least 1,024
+rows, so that the launch's host cost is small beside the kernel. Everything else keeps the Triton path. The
+extension is built on first use (about 15 s of nvcc on one core) and cached by torch; a build that
+fails warns once and leaves the Triton path in place. ``GPU_BRRR_CLUSTER_ROWS=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import torch
+
+import kernels.cuda as ladder
+from kernels import device, partial_sums
+from kernels.rows import CLUSTER_ABOVE_COLS, CLUSTER_MIN_ROWS
+
+SOURCES = ["cluster_rows.cu"]
+THREADS = 256  # per CTA (cluster_rows.cu's THREADS)
+MAX_CLUSTER = 16  # CTAs per cluster: 8 is portable, an H100 allows 16
+# Values per thread: 32 (8,192 per CTA) for the forward kernels. The backward kernels hold two
+# chunks (x and dy, or y and dy), and the norms' backward two fp32 accumulators per value besides:
+# with 32 they need 107-189 registers, so they use 16 (4,096 values per CTA, 48-114 registers).
+E_FWD = 32
+E_BWD = 16
+# The ops and element sizes (bytes) for which the cluster kernels beat the Triton ones, measured
+# on an H100 at 4,096 x 65,536 (scripts/gpu/cluster_rows_probe.py; fractions of the copy
+# bandwidth, cluster / Triton, one run). fp32: softmax 0.87 / 0.73 forward, 0.88 / 0.62 backward;
+# RMSNorm 0.91 / 0.67 and 0.77 / 0.59; LayerNorm 0.81 / 0.67 and 0.62 / 0.59. bf16: RMSNorm 0.82 /
+# 0.71 and 0.63 / 0.59, softmax backward 0.73 / 0.65; but softmax forward 0.75 / 0.85 and LayerNorm
+# 0.59 / 0.66 and 0.39 / 0.59 lose, so those keep Triton (fp16 follows bf16: the same code).
+WINS = {
+    "softmax_fwd": {4},
+    "softmax_bwd": {2, 4},
+    "rms_norm_fwd": {2, 4},
+    "rms_norm_bwd": {2, 4},
+    "layer_norm_fwd": {4},
+    "layer_norm_bwd": {4},
+}
+ENV = "GPU_BRRR_CLUSTER_ROWS"
+
+FUNCTIONS = ["cr_norm_fwd", "cr_norm_bwd", "cr_softmax_fwd", "cr_softmax_bwd"]
+SIGNATURE = """
+std::vector<torch::Tensor> cr_norm_fwd(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> b,
+                                       double eps, bool rms, bool stats, int64_t e);
+std::vector<torch::Tensor> cr_norm_bwd(torch::Tensor dy, torch::Tensor x, torch::Tensor w,
+                                       c10::optional<torch::Tensor> mean, torch::Tensor rstd, bool bias,
+                                       int64_t e, int64_t clusters);
+torch::Tensor cr_softmax_fwd(torch::Tensor x, int64_t e);
+torch::Tensor cr_softmax_bwd(torch::Tensor y, torch::Tensor dy, int64_t e);
+"""
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """Why the cluster kernels cannot run here, or None (asked once per process)."""
+    if os.environ.get(ENV, "1") == "0":
+        return f"turned off ({ENV}=0)"
+    reason = ladder.unavailable_reason()
+    if reason:
+        return reason
+    cc = device.capabilities().compute_capability
+    if cc is None or cc < (9, 0):
+        return "thread-block clusters need compute capability 9.0 or more (Hopper)"
+    return None
+
+
+_state = {"failed": None}
+
+
+def _module():
+    return ladder._load(
+        unavailable_reason(),
+        "gpu_brrr_cluster_rows",
+        [*SOURCES, "cluster_rows_bindings.cu"],
+        FUNCTIONS,
+        SIGNATURE,
+        ladder.arch_flags,
+    )
+
+
+@functools.cache
+def module():
+    """The built extension, or None (with one warning) if the build failed."""
+    try:
+        return _module()
+    except Exception as err:  # noqa: BLE001 (any build failure keeps the Triton path)
+        _state["failed"] = f"{type(err).__name__}: {err}"
+        warnings.warn(
+            f"kernels.cuda.cluster_rows: build failed, the Triton kernels run instead ({err})",
+            stacklevel=3,
+        )
+        return None
+
+
+def clusters_for(n_cols: int, e: int) -> int:
+    """CTAs per row: the row's width over the values one CTA holds, rounded up."""
+    return -(-n_cols // (e * THREADS))
+
+
+def _rows_fit(t: torch.Tensor) -> bool:
+    """Rows of whole, 16-byte aligned vectors: the kernels' loads and stores are 16 bytes wide."""
+    v = 16 // t.element_size()
+    return (
+        t.shape[-1] % v == 0
+        and t.stride(-1) == 1
+        and (t.ndim == 1 or t.stride(-2) % v == 0)
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def use(x: torch.Tensor, n_rows: int, op: str, *others: torch.Tensor | None) -> bool:
+    """Whether the rows of ``x`` (``n_rows`` of them) take the cluster kernel of ``op`` (a key of
+    ``WINS``; ``others``: the weight and bias, or None). Call it through
+    ``kernels.rows.cluster_path``, which tests the width and row count first."""
+    n_cols = x.shape[-1]
+    if n_cols <= CLUSTER_ABOVE_COLS or n_rows < CLUSTER_MIN_ROWS:
+        return False
+    if x.element_size() not in WINS[op] or clusters_for(n_cols, E_BWD) > MAX_CLUSTER:
+        return False
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or not x.is_cuda:
+        return False
+    if x.ndim > 2 and not x.is_contiguous():
+        return False  # leading dimensions that may not flatten into evenly spaced rows
+    if not _rows_fit(x) or any(t is not None and t.data_ptr() % 16 for t in others):
+        return False
+    return unavailable_reason() is None and module() is not None
+
+
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x as a [rows, n] matrix (a view: ``use`` accepted it)."""
+    return x if x.ndim == 2 else x.view(-1, x.shape[-1])
+
+
+def norm_forward(x, weight, bias, eps: float, is_rms: bool, stats: bool = True):
+    """y, mean, rstd (mean None for RMSNorm; both None without ``stats``) for ``x`` as rows."""
+    y, mean, rstd = module().cr_norm_fwd(rows_of(x), weight, bias, float(eps), is_rms, stats, E_FWD)
+    return (
+        y.view(x.shape),
+        mean if stats and not is_rms else None,
+        rstd if stats else None,
+    )
+
+
+def norm_backward(dy, x, weight, mean, rstd, has_bias: bool):
+    """dx, dw, db (db None without a bias): one cluster kernel, then one launch of
+    kernels.partial_sums for the columns' sums over the clusters' partial rows."""
+    dy2 = _grad_rows(dy)
+    dx, partials = module().cr_norm_bwd(dy2, rows_of(x), weight, mean, rstd, has_bias, E_BWD, 0)
+    sums = partial_sums.sum_stacked(partials, weight.dtype)
+    return dx.view(x.shape), sums[0], sums[1] if has_bias else None
+
+
+def _grad_rows(dy: torch.Tensor) -> torch.Tensor:
+    """The upstream gradient as [rows, n] 16-byte vectors: as it is when it already is, else a
+    contiguous copy (an expanded gradient from ``.sum().backward()`` has stride 0)."""
+    if dy.is_contiguous() and _rows_fit(dy):
+        return rows_of(dy)
+    if dy.ndim == 2 and dy.stride(0) > 0 and _rows_fit(dy):
+        return dy
+    return dy.contiguous().view(-1, dy.shape[-1])
+
+
+def softmax_forward(x: torch.Tensor) -> torch.Tensor:
+    return module().cr_softmax_fwd(rows_of(x), E_FWD).view(x.shape)
+
+
+def softmax_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    dy2 = _grad_rows(dy)
+    return module().cr_softmax_bwd(rows_of(y), dy2, E_BWD).view(y.shape)

@@ -1,0 +1,231 @@
+"""kernels.cuda.cluster_rows: softmax and the norms on rows split across a thread-block cluster.
+
+On a CPU: which layouts the cluster path takes (kernels.rows.cluster_path) and, where nvcc is
+installed, that the kernels compile for sm_90. On a Hopper GPU: every kernel against an fp64
+PyTorch reference, forward and backward, on widths that are and are not a multiple of a CTA's
+chunk, with strided and expanded inputs, and a layout that must fall back to Triton."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import device, norms, rows, softmax
+from kernels.cuda import cluster_rows
+
+HERE = Path(cluster_rows.__file__).resolve().parent
+
+
+# ----------------------------------------------------------------------------- CPU: the choice
+
+
+def test_clusters_per_row():
+    assert cluster_rows.clusters_for(65536, 32) == 8
+    assert cluster_rows.clusters_for(65536, 16) == 16
+    assert cluster_rows.clusters_for(40000, 32) == 5  # the last CTA holds 7,232 values
+    assert cluster_rows.clusters_for(16384, 32) == 2
+
+
+def test_narrow_or_few_rows_never_reach_the_module(monkeypatch):
+    """A decode step's rows pay two comparisons: the module's own test is not even called."""
+
+    def boom(*a):
+        raise AssertionError("cluster_rows.use called")
+
+    monkeypatch.setattr(cluster_rows, "use", boom)
+    assert rows.cluster_path(torch.empty(4096, 32768), 4096, "rms_norm_fwd") is None
+    assert rows.cluster_path(torch.empty(8, 65536), 8, "rms_norm_fwd") is None
+
+
+def test_only_measured_wins_take_the_cluster(monkeypatch):
+    """WINS decides per op and element size (the rest of ``use`` is stubbed to yes)."""
+    monkeypatch.setattr(cluster_rows, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(cluster_rows, "module", lambda: object())
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    bf16 = torch.empty(2048, 65536, dtype=torch.bfloat16)
+    fp32 = torch.empty(2048, 65536, dtype=torch.float32)
+    assert cluster_rows.use(bf16, 2048, "rms_norm_fwd")
+    assert not cluster_rows.use(bf16, 2048, "layer_norm_fwd")
+    assert not cluster_rows.use(bf16, 2048, "softmax_fwd")
+    assert cluster_rows.use(bf16, 2048, "softmax_bwd")
+    assert all(cluster_rows.use(fp32, 2048, op) for op in cluster_rows.WINS)
+    assert not cluster_rows.use(fp32, 512, "rms_norm_fwd")  # too few rows
+    assert not cluster_rows.use(fp32[:, :32768], 2048, "rms_norm_fwd")  # not wider than 32,768
+
+
+def test_rows_must_be_aligned_whole_vectors():
+    x = torch.empty(4, 1024, dtype=torch.bfloat16)
+    assert cluster_rows._rows_fit(x)
+    assert not cluster_rows._rows_fit(x[:, 1:1001])  # 1000 wide (ok) but offset by 2 bytes
+    assert not cluster_rows._rows_fit(x[:, :1004])  # width not a whole number of 8-value vectors
+    assert cluster_rows._rows_fit(x[:, :1000])  # row stride 1024: a multiple of 8
+    assert not cluster_rows._rows_fit(torch.empty(4, 1020, dtype=torch.float32)[:, :1016][:, 1:])
+
+
+@pytest.mark.skipif(device.GPU_MODE, reason="what a machine without a GPU gets")
+def test_the_triton_path_runs_where_clusters_cannot():
+    assert cluster_rows.unavailable_reason() is not None
+    x = torch.empty(2048, 65536)
+    assert not cluster_rows.use(x, 2048, "rms_norm_fwd")
+
+
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for p in sorted(Path("/usr/local").glob("cuda*/bin/nvcc")):
+        return str(p)
+    return None
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc (the CUDA toolkit)")
+def test_kernels_compile_for_sm90_without_spills(tmp_path):
+    """Every kernel builds for sm_90 with no register spills (a spilled chunk would be read and
+    written through local memory, the traffic the cluster exists to avoid)."""
+    src = tmp_path / "cr.cu"
+    src.write_text((HERE / "cluster_rows.cu").read_text())
+    out = subprocess.run(
+        [_nvcc(), "-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90", "-Xptxas", "-v",
+         "-c", str(src), "-o", str(tmp_path / "cr.o")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    kernels_ = out.stderr.count("Compiling entry function")
+    assert kernels_ >= 50, out.stderr[-2000:]
+    assert " 0 bytes spill stores" in out.stderr
+    spills = [
+        ln for ln in out.stderr.splitlines() if "spill stores" in ln and " 0 bytes spill" not in ln
+    ]
+    assert not spills, spills
+
+
+# ----------------------------------------------------------------------------- GPU: the kernels
+
+gpu = pytest.mark.skipif(
+    not device.GPU_MODE or cluster_rows.unavailable_reason() is not None,
+    reason="needs a GPU with thread-block clusters (compute capability 9.0+) and nvcc",
+)
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # of the largest value
+# A chunk's multiple; a width whose last CTA is partly padding; an odd number of rows.
+SHAPES = [(256, 16384), (300, 65536), (257, 40000), (2, 128, 24584)]
+KINDS = ["softmax", "rms_norm", "layer_norm", "layer_norm_nobias"]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Which cluster entry points ran. The kernels' reach is widened to every width, row count,
+    op and dtype they support (WINS and the thresholds say where they are *used*: not a question
+    of correctness)."""
+    monkeypatch.setattr(rows, "CLUSTER_ABOVE_COLS", 8192)
+    monkeypatch.setattr(rows, "CLUSTER_MIN_ROWS", 1)
+    monkeypatch.setattr(cluster_rows, "CLUSTER_ABOVE_COLS", 8192)
+    monkeypatch.setattr(cluster_rows, "CLUSTER_MIN_ROWS", 1)
+    monkeypatch.setattr(cluster_rows, "WINS", {op: {2, 4} for op in cluster_rows.WINS})
+    seen = {}
+    for name in ("norm_forward", "norm_backward", "softmax_forward", "softmax_backward"):
+        inner = getattr(cluster_rows, name)
+
+        def wrapped(*a, _inner=inner, _name=name, **k):
+            seen[_name] = seen.get(_name, 0) + 1
+            return _inner(*a, **k)
+
+        monkeypatch.setattr(cluster_rows, name, wrapped)
+    return seen
+
+
+def _run(kind, x, w, b, ref=False):
+    n = x.shape[-1]
+    if kind == "softmax":
+        return torch.softmax(x, -1) if ref else softmax.softmax(x)
+    if kind == "rms_norm":
+        return torch.nn.functional.rms_norm(x, (n,), w, 1e-6) if ref else norms.rms_norm(x, w)
+    bias = b if kind == "layer_norm" else None
+    if ref:
+        return torch.nn.functional.layer_norm(x, (n,), w, bias, 1e-5)
+    return norms.layer_norm(x, w, bias)
+
+
+def _check(kind, x, w, b, dy):
+    """Output and every gradient within TOL of an fp64 reference, relative to the largest value."""
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]  # views kept as they lie
+    refs = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    y = _run(kind, *leaves)
+    y.backward(dy)
+    yr = _run(kind, *refs, ref=True)
+    yr.backward(dy.double())
+    tol = TOL[x.dtype]
+    pairs = [(y, yr)] + [(t.grad, r.grad) for t, r in zip(leaves, refs) if r.grad is not None]
+    for got, want in pairs:
+        assert got is not None and torch.isfinite(got).all()
+        err = (got.double() - want).abs().max().item()
+        assert err <= tol * want.abs().max().item() + 1e-30, (kind, got.shape, err)
+
+
+def _inputs(shape, dtype, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    n = shape[-1]
+    x = (torch.randn(*shape, generator=g) * 2 + 0.5).to("cuda", dtype)
+    w = (torch.randn(n, generator=g) * 0.1 + 1).to("cuda", dtype)
+    b = (torch.randn(n, generator=g) * 0.1).to("cuda", dtype)
+    dy = torch.randn(*shape, generator=g).to("cuda", dtype)
+    return x, w, b, dy
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_fp64_reference(calls, kind, shape, dtype):
+    x, w, b, dy = _inputs(shape, dtype)
+    if kind == "softmax":
+        x = x * 4
+    _check(kind, x, w, b, dy)
+    fwd, bwd = ("softmax_forward", "softmax_backward") if kind == "softmax" else (
+        "norm_forward", "norm_backward")  # fmt: skip
+    assert calls == {fwd: 1, bwd: 1}, calls
+
+
+@gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_strided_rows_and_a_broadcast_gradient(calls, kind):
+    """x a view whose rows are 32,832 values apart; dy broadcast over the rows (row stride 0)."""
+    base, w, b, _ = _inputs((300, 32768 + 64), torch.bfloat16)
+    n = 32768
+    x = base[:, :n].requires_grad_()
+    w, b = w[:n].contiguous(), b[:n].contiguous()
+    c = torch.linspace(-1, 1, n, device="cuda")
+    y = _run(kind, x, w, b)
+    (y.float() * c).sum().backward()
+    xr = x.detach().double().requires_grad_()
+    yr = _run(kind, xr, w.double(), b.double(), ref=True)
+    (yr * c.double()).sum().backward()
+    tol = TOL[x.dtype]
+    assert (y.double() - yr).abs().max().item() <= tol * yr.abs().max().item()
+    assert (x.grad.double() - xr.grad).abs().max().item() <= tol * xr.grad.abs().max().item()
+    assert len(calls) == 2, calls
+
+
+@gpu
+def test_misaligned_rows_fall_back_to_triton(calls):
+    """A view starting 2 bytes into the buffer cannot be read in 16-byte vectors: Triton runs it."""
+    x, w, b, dy = _inputs((256, 16384 + 8), torch.bfloat16)
+    x = x[:, 1 : 16384 + 1]
+    _check("layer_norm", x, w[:16384].contiguous(), b[:16384].contiguous(), dy[:, :16384])
+    assert calls == {}, calls
+
+
+@gpu
+def test_graph_capture(calls):
+    x, w, _, _ = _inputs((256, 65536), torch.bfloat16)
+    y = norms.rms_norm(x, w)  # builds and warms up outside the capture
+    s = softmax.softmax(x)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y2 = norms.rms_norm(x, w)
+        s2 = softmax.softmax(x)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, y2) and torch.equal(s, s2)
+    assert calls == {"norm_forward": 2, "softmax_forward": 2}, calls
