@@ -21,6 +21,10 @@ Two kernels, picked by the width of a row:
 The backward pass, ``dx = y * (dy - sum(y * dy))`` per row, has the same two shapes
 (``_softmax_bwd_kernel``, ``_softmax_bwd_looped_kernel``): read ``y`` and ``dy``, write ``dx``.
 
+On a Hopper GPU, rows wider than 32,768 values (1,024 rows or more) may instead be split across
+the CTAs of a thread-block cluster (``kernels.cuda.cluster_rows``, page 4.5): read once and written
+once at any width up to 65,536, where it measured faster than these kernels.
+
 Launches go through ``kernels.rows``: the plan of each ``(rows, width)`` is worked out once and the
 compiled kernel is called without Triton's per-call argument binding, so a one-row softmax costs
 about what ``torch.softmax`` costs on the host.
