@@ -35,7 +35,7 @@ def cluster_path(x: torch.Tensor, n_rows: int, op: str, *others: torch.Tensor | 
         return None
     from kernels.cuda import cluster_rows
 
-    return cluster_rows if cluster_rows.use(x, n_rows, op, *others) else None
+    return cluster_rows if cluster_rows.use(x, op, *others) else None
 
 
 def check_float(name: str, x) -> None:

@@ -29,7 +29,6 @@ import torch
 
 import kernels.cuda as ladder
 from kernels import device, partial_sums
-from kernels.rows import CLUSTER_ABOVE_COLS, CLUSTER_MIN_ROWS
 
 SOURCES = ["cluster_rows.cu"]
 THREADS = 256  # per CTA (cluster_rows.cu's THREADS)
@@ -81,9 +80,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-_state = {"failed": None}
-
-
 def _module():
     return ladder._load(
         unavailable_reason(),
@@ -101,7 +97,6 @@ def module():
     try:
         return _module()
     except Exception as err:  # noqa: BLE001 (any build failure keeps the Triton path)
-        _state["failed"] = f"{type(err).__name__}: {err}"
         warnings.warn(
             f"kernels.cuda.cluster_rows: build failed, the Triton kernels run instead ({err})",
             stacklevel=3,
@@ -125,14 +120,11 @@ def _rows_fit(t: torch.Tensor) -> bool:
     )
 
 
-def use(x: torch.Tensor, n_rows: int, op: str, *others: torch.Tensor | None) -> bool:
-    """Whether the rows of ``x`` (``n_rows`` of them) take the cluster kernel of ``op`` (a key of
-    ``WINS``; ``others``: the weight and bias, or None). Call it through
-    ``kernels.rows.cluster_path``, which tests the width and row count first."""
-    n_cols = x.shape[-1]
-    if n_cols <= CLUSTER_ABOVE_COLS or n_rows < CLUSTER_MIN_ROWS:
-        return False
-    if x.element_size() not in WINS[op] or clusters_for(n_cols, E_BWD) > MAX_CLUSTER:
+def use(x: torch.Tensor, op: str, *others: torch.Tensor | None) -> bool:
+    """Whether the rows of ``x`` take the cluster kernel of ``op`` (a key of ``WINS``;
+    ``others``: the weight and bias, or None). Call it through ``kernels.rows.cluster_path``, the
+    one home of the width and row-count thresholds, which it tests first."""
+    if x.element_size() not in WINS[op] or clusters_for(x.shape[-1], E_BWD) > MAX_CLUSTER:
         return False
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or not x.is_cuda:
         return False

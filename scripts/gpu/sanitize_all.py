@@ -82,32 +82,27 @@ def norms_fwd_bwd():
 def cluster_rows():
     """Rows split across a thread-block cluster (kernels.cuda.cluster_rows; Hopper and nvcc)."""
     from kernels import norms, softmax
+    from kernels import rows as rows_mod
     from kernels.cuda import cluster_rows as cr
 
     if cr.unavailable_reason() is not None:
         return
     # 256 rows of 16,392 columns: three CTAs a row forward (five backward), the last one mostly
     # padding. The kernels' reach is widened to every op and to these rows, which they would not
-    # otherwise be used for (kernels.rows.CLUSTER_ABOVE_COLS, CLUSTER_MIN_ROWS, cr.WINS).
-    rows, cols = 256, 16_392
-    from kernels import rows as rows_mod
-
+    # otherwise be used for (kernels.rows.CLUSTER_ABOVE_COLS, CLUSTER_MIN_ROWS and cr.WINS).
     keep = rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS
-    rows_mod.CLUSTER_ABOVE_COLS = cr.CLUSTER_ABOVE_COLS = 8192
-    rows_mod.CLUSTER_MIN_ROWS = cr.CLUSTER_MIN_ROWS = 1
+    rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS = 8192, 1
     cr.WINS = {op: {2, 4} for op in cr.WINS}
     try:
-        _cluster_rows(cr, norms, softmax, rows, cols)
+        _cluster_rows(cr, norms, softmax, 256, 16_392)
     finally:
-        rows_mod.CLUSTER_ABOVE_COLS = cr.CLUSTER_ABOVE_COLS = keep[0]
-        rows_mod.CLUSTER_MIN_ROWS = cr.CLUSTER_MIN_ROWS = keep[1]
-        cr.WINS = keep[2]
+        rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS = keep
 
 
 def _cluster_rows(cr, norms, softmax, rows, cols):
     x = rnd(rows, cols).requires_grad_()
     w, b = rnd(cols).requires_grad_(), rnd(cols).requires_grad_()
-    assert cr.use(x, rows, "layer_norm_fwd", w, b)
+    assert cr.use(x, "layer_norm_fwd", w, b)
     dy = rnd(rows, cols)
     for name in ("softmax", "rms", "layer"):
         xr = x.detach().float().requires_grad_()
