@@ -52,8 +52,6 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 
 // One thread's share of a chunk: E values as E / V vectors of V = 16 / sizeof(T) values. Vector i
 // of thread t starts at column c0 + (i * THREADS + t) * V, so a warp's loads are contiguous.
-// One thread's share of a chunk: E values as E / V vectors of V = 16 / sizeof(T) values. Vector i
-// of thread t starts at column c0 + (i * THREADS + t) * V, so a warp's loads are contiguous.
 template <typename T, int E>
 struct Cols {
   static constexpr int V = 16 / sizeof(T);
@@ -116,6 +114,20 @@ __device__ __forceinline__ void store_vec(T* p, const float (&f)[V]) {
 #pragma unroll
   for (int j = 0; j < V; ++j) t[j] = from_f<T>(f[j]);
   __stcs(reinterpret_cast<uint4*>(p), raw);  // streamed: not read again by this kernel
+}
+
+// Write this thread's vectors of a chunk (columns c0 ... of `row`, layout F) that lie inside the
+// row: fill(i, c, o) computes vector i, which starts at column c, into o[0 .. V).
+template <class F, typename T, class Fill>
+__device__ __forceinline__ void store_chunk(T* row, int c0, int n, Fill fill) {
+#pragma unroll
+  for (int i = 0; i < F::N; ++i) {
+    const int c = F::col(c0, i);
+    if (c >= n) continue;
+    float o[F::V];
+    fill(i, c, o);
+    store_vec<T, F::V>(row + c, o);
+  }
 }
 
 struct Sum {
@@ -260,12 +272,8 @@ __global__ void __launch_bounds__(THREADS) norm_fwd(const T* __restrict__ x, int
   }
   auto done = cl.barrier_arrive();  // done reading the other CTAs' shared memory
   const float rstd = rsqrtf(var + eps);
-  T* yr = y + row * sy;
-#pragma unroll
-  for (int i = 0; i < F::N; ++i) {
-    const int c = F::col(c0, i);
-    if (c >= n) continue;
-    float wv[V], bv[V], o[V];
+  store_chunk<F>(y + row * sy, c0, n, [&](int i, int c, float (&o)[V]) {
+    float wv[V], bv[V];
     load_vec<T, V>(w + c, wv);
     if constexpr (BIAS) load_vec<T, V>(b + c, bv);
 #pragma unroll
@@ -273,8 +281,7 @@ __global__ void __launch_bounds__(THREADS) norm_fwd(const T* __restrict__ x, int
       o[j] = (f.at(i, j) - mean) * rstd * wv[j];
       if constexpr (BIAS) o[j] += bv[j];
     }
-    store_vec<T, V>(yr + c, o);
-  }
+  });
   if constexpr (STATS) {
     if (rank == 0 && threadIdx.x == 0) {
       rstd_out[row] = rstd;
@@ -326,16 +333,10 @@ __global__ void __launch_bounds__(THREADS) norm_bwd(const T* __restrict__ dy, in
     }
     cluster_sum(acc, s, slot, cl);
     const float c1 = acc[0] / n, c2 = RMS ? 0.f : acc[K - 1] / n;
-    T* dxr = dx + row * sdx;
-#pragma unroll
-    for (int i = 0; i < F::N; ++i) {
-      const int c = F::col(c0, i);
-      if (c >= n) continue;
-      float o[V];
+    store_chunk<F>(dx + row * sdx, c0, n, [&](int i, int, float (&o)[V]) {
 #pragma unroll
       for (int j = 0; j < V; ++j) o[j] = rs * (g.v[i][j] - xh.v[i][j] * c1 - c2);
-      store_vec<T, V>(dxr + c, o);
-    }
+    });
   }
   auto done = cl.barrier_arrive();
   // This cluster's partial column sums: row `cluster` of the [clusters, n] fp32 blocks.
@@ -407,16 +408,10 @@ __global__ void __launch_bounds__(THREADS) softmax_fwd(const T* __restrict__ x, 
   auto done = cl.barrier_arrive();
   // A row of -inf only has no max to subtract: its output is NaN, as torch.softmax's is.
   const float inv = 1.f / sum;
-  T* yr = y + row * sy;
-#pragma unroll
-  for (int i = 0; i < F::N; ++i) {
-    const int c = F::col(c0, i);
-    if (c >= n) continue;
-    float o[V];
+  store_chunk<F>(y + row * sy, c0, n, [&](int i, int, float (&o)[V]) {
 #pragma unroll
     for (int j = 0; j < V; ++j) o[j] = exp2f((f.at(i, j) - mx) * LOG2E) * inv;
-    store_vec<T, V>(yr + c, o);
-  }
+  });
   cl.barrier_wait(std::move(done));
 }
 
@@ -441,16 +436,10 @@ __global__ void __launch_bounds__(THREADS) softmax_bwd(const T* __restrict__ y, 
     for (int j = 0; j < V; ++j) a[0] += fy.at(i, j) * fd.at(i, j);  // padding loads as 0
   cluster_sum(a, s, 0, cl);
   auto done = cl.barrier_arrive();
-  T* dxr = dx + row * sdx;
-#pragma unroll
-  for (int i = 0; i < F::N; ++i) {
-    const int c = F::col(c0, i);
-    if (c >= n) continue;
-    float o[V];
+  store_chunk<F>(dx + row * sdx, c0, n, [&](int i, int, float (&o)[V]) {
 #pragma unroll
     for (int j = 0; j < V; ++j) o[j] = fy.at(i, j) * (fd.at(i, j) - a[0]);
-    store_vec<T, V>(dxr + c, o);
-  }
+  });
   cl.barrier_wait(std::move(done));
 }
 
@@ -533,22 +522,19 @@ const char* norm_fwd_launch(int dt, int e, bool rms, bool bias, bool stats, cons
   return err;
 }
 
-// clusters <= 0: as many as fit at once (at most one per row). Returns the clusters launched in
-// *used (the rows of dw_part / db_part written), or an error.
+// `clusters` persistent clusters, each writing one row of dw_part / db_part (the caller sizes them
+// for that many: norm_bwd_clusters says how many fit, and more than one per row is wasted).
 const char* norm_bwd_launch(int dt, int e, bool rms, bool bias, const void* dy, int64_t sdy,
                             const void* x, int64_t sx, const void* w, const float* mean,
                             const float* rstd, void* dx, int64_t sdx, float* dw_part, float* db_part,
-                            int rows, int n, int clusters, int* used, cudaStream_t st) {
+                            int rows, int n, int clusters, cudaStream_t st) {
+  if (clusters <= 0) return "norm_bwd_launch: clusters must be positive";
   const int cl = cluster_for(n, e);
   const char* err = nullptr;
   CR_DTYPES(dt, CR_E(e, {
     auto go = [&](auto kernel) {
-      int g = clusters > 0 ? clusters : max_clusters(kernel, cl);
-      if (g <= 0) { err = "no cluster of this size fits on the GPU"; return; }
-      if (g > rows) g = rows;
-      *used = g;
-      err = launch(kernel, g * cl, cl, st, (const T*)dy, sdy, (const T*)x, sx, (const T*)w, mean, rstd,
-                   (T*)dx, sdx, dw_part, db_part, rows, n);
+      err = launch(kernel, clusters * cl, cl, st, (const T*)dy, sdy, (const T*)x, sx, (const T*)w, mean,
+                   rstd, (T*)dx, sdx, dw_part, db_part, rows, n);
     };
     if (rms) go(norm_bwd<T, E, true, false>);
     else if (bias) go(norm_bwd<T, E, false, true>);
