@@ -5,6 +5,8 @@ installed, that the kernels compile for sm_90. On a Hopper GPU: every kernel aga
 PyTorch reference, forward and backward, on widths that are and are not a multiple of a CTA's
 chunk, with strided and expanded inputs, and a layout that must fall back to Triton."""
 
+import itertools
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -59,6 +61,17 @@ def test_only_measured_wins_take_the_cluster(monkeypatch):
     assert not takes(fp32[:, 1:40001], "rms_norm_fwd")  # rows start 4 bytes past a 16-byte line
 
 
+def test_tiles_default_to_e_fwd_and_e_bwd_until_measured(monkeypatch):
+    bf16 = torch.empty(2, 65536, dtype=torch.bfloat16)
+    assert cluster_rows.tile("softmax_fwd", bf16) == (cluster_rows.E_FWD, 0)
+    assert cluster_rows.tile("softmax_bwd", bf16) == (cluster_rows.E_BWD, 0)
+    monkeypatch.setattr(cluster_rows, "TILES", {"softmax_fwd": {2: (64, 4)}})
+    assert cluster_rows.tile("softmax_fwd", bf16) == (64, 4)
+    assert cluster_rows.tile("softmax_fwd", bf16.float()) == (cluster_rows.E_FWD, 0)  # fp32: own
+    for op, tiles in cluster_rows.TILES.items():  # a tile in use is one the .cu builds
+        assert all(t in cluster_rows.CANDIDATE_TILES[op] for t in tiles.values()), op
+
+
 def test_rows_must_be_aligned_whole_vectors():
     x = torch.empty(4, 1024, dtype=torch.bfloat16)
     assert cluster_rows._rows_fit(x)
@@ -103,6 +116,16 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
         ln for ln in out.stderr.splitlines() if "spill stores" in ln and " 0 bytes spill" not in ln
     ]
     assert not spills, spills
+    # Every candidate tile is built for both 16-bit types (cluster_rows.cu's built()).
+    pattern = {
+        "softmax_fwd": r"softmax_fwdI{t}Li{e}ELi{occ}E",
+        "softmax_bwd": r"softmax_bwdI{t}Li{e}ELi{occ}E",
+        "rms_norm_fwd": r"norm_fwdI{t}Li{e}ELb1ELb0ELb[01]ELi{occ}E",
+        "layer_norm_fwd": r"norm_fwdI{t}Li{e}ELb0ELb[01]ELb[01]ELi{occ}E",
+    }
+    for op, tiles in cluster_rows.CANDIDATE_TILES.items():
+        for (e, occ), t in itertools.product(tiles, ("6__half", "13__nv_bfloat16")):
+            assert re.search(pattern[op].format(t=t, e=e, occ=occ), out.stderr), (op, e, occ, t)
 
 
 # ----------------------------------------------------------------------------- GPU: the kernels
@@ -209,6 +232,23 @@ def test_strided_rows_and_a_broadcast_gradient(calls, kind):
     tol = TOL[x.dtype]
     assert (y.double() - yr).abs().max().item() <= tol * yr.abs().max().item()
     assert (x.grad.double() - xr.grad).abs().max().item() <= tol * xr.grad.abs().max().item()
+    assert len(calls) == 2, calls
+
+
+CANDIDATES = [(op, t) for op, tiles in cluster_rows.CANDIDATE_TILES.items() for t in tiles]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(300, 65536), (257, 40000)])
+@pytest.mark.parametrize(("op", "tile"), CANDIDATES)
+def test_candidate_tiles_match_fp64_reference(calls, monkeypatch, op, tile, shape, dtype):
+    """The 16-bit tiles the probe times (more values a thread, or fewer registers) are as exact
+    as the default ones."""
+    monkeypatch.setattr(cluster_rows, "TILES", {op: {2: tile}})
+    kind = {"softmax_fwd": "softmax", "softmax_bwd": "softmax"}.get(op, op[: -len("_fwd")])
+    x, w, b, dy = _inputs(shape, dtype, seed=1)
+    _check(kind, x * 4 if kind == "softmax" else x, w, b, dy)
     assert len(calls) == 2, calls
 
 

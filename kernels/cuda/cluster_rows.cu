@@ -11,6 +11,14 @@
 // other CTAs' shared memory (cg::cluster_group::map_shared_rank). Every CTA adds them in the same
 // order, so all of them hold the identical row statistic. The row is read once and written once.
 //
+// Tiles. E values a thread (a CTA holds 256 E of a row), and for the kernels that keep their values
+// packed (the forwards and softmax's backward) an occupancy target OCC: the CTAs an SM must hold,
+// which caps the registers a thread (__launch_bounds__'s second argument; 0: the compiler's own
+// choice). Bytes in flight per SM are (CTAs an SM) x (a chunk's bytes). A 16-bit chunk of 8,192
+// values is 16 KB against fp32's 32 KB, and with the compiler's choice of registers bf16 LayerNorm
+// keeps 4 CTAs an SM (64 KB) where fp32 keeps 4 (128 KB), so the 16-bit types also build a few
+// larger or tighter tiles (built(), below), which scripts/gpu/cluster_rows_probe.py --tiles times.
+//
 // Kernels (T = float, __half or __nv_bfloat16; rows are 16-byte aligned vectors of T):
 //   norm_fwd   y = (x - mean) * rstd * w (+ b), and the row's mean and rstd (fp32) if STATS
 //   norm_bwd   dx, and each cluster's fp32 partial column sums of dy * xhat (dw) and dy (db): the
@@ -31,6 +39,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 namespace cluster_rows {
@@ -211,8 +220,8 @@ __device__ __forceinline__ int chunk_count(int rank, int chunk, int n) {
 // and every CTA merges the S pairs with Chan et al.'s rule, M2 = sum M2_r + sum n_r (m_r - m)^2.
 // That is as stable as two passes (no E[x^2] - E[x]^2 cancellation) at the cost of one barrier.
 
-template <typename T, int E, bool RMS, bool BIAS, bool STATS>
-__global__ void __launch_bounds__(THREADS) norm_fwd(const T* __restrict__ x, int64_t sx,
+template <typename T, int E, bool RMS, bool BIAS, bool STATS, int OCC = 0>
+__global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x, int64_t sx,
                                                     const T* __restrict__ w, const T* __restrict__ b,
                                                     T* __restrict__ y, int64_t sy, float* __restrict__ mean_out,
                                                     float* __restrict__ rstd_out, int n, float eps) {
@@ -364,8 +373,8 @@ __global__ void __launch_bounds__(THREADS) norm_bwd(const T* __restrict__ dy, in
 // l_r of exp(x - m_r), and every CTA merges them as the online softmax does (page 4.5):
 // m = max m_r, l = sum l_r exp(m_r - m).
 
-template <typename T, int E>
-__global__ void __launch_bounds__(THREADS) softmax_fwd(const T* __restrict__ x, int64_t sx,
+template <typename T, int E, int OCC = 0>
+__global__ void __launch_bounds__(THREADS, OCC) softmax_fwd(const T* __restrict__ x, int64_t sx,
                                                        T* __restrict__ y, int64_t sy, int n) {
   using F = Packed<T, E>;
   constexpr int V = F::V;
@@ -415,8 +424,8 @@ __global__ void __launch_bounds__(THREADS) softmax_fwd(const T* __restrict__ x, 
   cl.barrier_wait(std::move(done));
 }
 
-template <typename T, int E>
-__global__ void __launch_bounds__(THREADS) softmax_bwd(const T* __restrict__ y, int64_t sy,
+template <typename T, int E, int OCC = 0>
+__global__ void __launch_bounds__(THREADS, OCC) softmax_bwd(const T* __restrict__ y, int64_t sy,
                                                        const T* __restrict__ dy, int64_t sdy,
                                                        T* __restrict__ dx, int64_t sdx, int n) {
   using F = Packed<T, E>;
@@ -503,22 +512,75 @@ inline int cluster_for(int n, int e) { return (n + e * THREADS - 1) / (e * THREA
   }
 #define CR_E(EV, ...)                                        \
   if ((EV) == 16) { constexpr int E = 16; __VA_ARGS__; }    \
-  else { constexpr int E = 32; __VA_ARGS__; }
+  else if ((EV) == 32) { constexpr int E = 32; __VA_ARGS__; }
 
-const char* norm_fwd_launch(int dt, int e, bool rms, bool bias, bool stats, const void* x, int64_t sx,
-                            const void* w, const void* b, void* y, int64_t sy, float* mean, float* rstd,
-                            int rows, int n, float eps, cudaStream_t st) {
+// The tiles (E, OCC) built for the packed kernels: (16, 0) and (32, 0) everywhere, and for 16-bit
+// types the tiles that hold more bytes in flight without spilling (ptxas -v, sm_90): 64 values a
+// thread in 64 registers (4 CTAs an SM, 32 KB each) for softmax's and RMSNorm's forward, 32 values
+// in 48 registers (5 CTAs) for the norms' forward, 32 values in 80 registers (3 CTAs, two chunks
+// each) for softmax's backward.
+enum Kind { SOFTMAX_FWD, SOFTMAX_BWD, RMS_FWD, LAYER_FWD };
+template <int KIND, typename T, int E, int OCC>
+constexpr bool built() {
+  if (OCC == 0) return E == 16 || E == 32;
+  if (sizeof(T) != 2) return false;
+  switch (KIND) {
+    case SOFTMAX_FWD: return E == 64 && OCC == 4;
+    case SOFTMAX_BWD: return E == 32 && OCC == 3;
+    case RMS_FWD: return (E == 64 && OCC == 4) || (E == 32 && OCC == 5);
+    default: return E == 32 && OCC == 5;
+  }
+}
+constexpr const char* TILE_MISSING = "no kernel is built for this (e, occ) tile and dtype";
+// body(E, OCC) as std::integral_constants if the tile is built: a generic lambda's body is then
+// instantiated only for the tiles that exist.
+template <int KIND, typename T, int E, int OCC, class Body>
+void with_tile(Body&& body, const char*& err) {
+  if constexpr (built<KIND, T, E, OCC>())
+    body(std::integral_constant<int, E>{}, std::integral_constant<int, OCC>{});
+  else
+    err = TILE_MISSING;
+}
+#define CR_TILE_CASE(EE, OO, KIND, EV, OV, ...)                                           \
+  if ((EV) == (EE) && (OV) == (OO)) {                                                    \
+    with_tile<KIND, T, EE, OO>(                                                          \
+        [&](auto e_, auto occ_) {                                                        \
+          constexpr int E = decltype(e_)::value, OCC = decltype(occ_)::value;            \
+          __VA_ARGS__;                                                                   \
+        },                                                                               \
+        err);                                                                            \
+  } else
+#define CR_TILE(KIND, EV, OV, ...)                \
+  CR_TILE_CASE(16, 0, KIND, EV, OV, __VA_ARGS__)  \
+  CR_TILE_CASE(32, 0, KIND, EV, OV, __VA_ARGS__)  \
+  CR_TILE_CASE(32, 3, KIND, EV, OV, __VA_ARGS__)  \
+  CR_TILE_CASE(32, 5, KIND, EV, OV, __VA_ARGS__)  \
+  CR_TILE_CASE(64, 4, KIND, EV, OV, __VA_ARGS__)  \
+  err = TILE_MISSING;
+
+const char* norm_fwd_launch(int dt, int e, int occ, bool rms, bool bias, bool stats, const void* x,
+                            int64_t sx, const void* w, const void* b, void* y, int64_t sy, float* mean,
+                            float* rstd, int rows, int n, float eps, cudaStream_t st) {
   const int cl = cluster_for(n, e);
   const char* err = nullptr;
-  CR_DTYPES(dt, CR_E(e, {
-    auto go = [&](auto kernel) {
-      err = launch(kernel, rows * cl, cl, st, (const T*)x, sx, (const T*)w, (const T*)b, (T*)y, sy,
-                   mean, rstd, n, eps);
-    };
-    if (rms) stats ? go(norm_fwd<T, E, true, false, true>) : go(norm_fwd<T, E, true, false, false>);
-    else if (bias) stats ? go(norm_fwd<T, E, false, true, true>) : go(norm_fwd<T, E, false, true, false>);
-    else stats ? go(norm_fwd<T, E, false, false, true>) : go(norm_fwd<T, E, false, false, false>);
-  }))
+#define CR_NORM_FWD_GO                                                                          \
+  auto go = [&](auto kernel) {                                                                  \
+    err = launch(kernel, rows * cl, cl, st, (const T*)x, sx, (const T*)w, (const T*)b, (T*)y, sy, mean, \
+                 rstd, n, eps);                                                                 \
+  }
+  if (rms) {
+    CR_DTYPES(dt, CR_TILE(RMS_FWD, e, occ, {
+      CR_NORM_FWD_GO;
+      stats ? go(norm_fwd<T, E, true, false, true, OCC>) : go(norm_fwd<T, E, true, false, false, OCC>);
+    }))
+  } else {
+    CR_DTYPES(dt, CR_TILE(LAYER_FWD, e, occ, {
+      CR_NORM_FWD_GO;
+      if (bias) stats ? go(norm_fwd<T, E, false, true, true, OCC>) : go(norm_fwd<T, E, false, true, false, OCC>);
+      else stats ? go(norm_fwd<T, E, false, false, true, OCC>) : go(norm_fwd<T, E, false, false, false, OCC>);
+    }))
+  }
+#undef CR_NORM_FWD_GO
   return err;
 }
 
@@ -555,20 +617,23 @@ int norm_bwd_clusters(int dt, int e, bool rms, bool bias, int n) {
   return g;
 }
 
-const char* softmax_fwd_launch(int dt, int e, const void* x, int64_t sx, void* y, int64_t sy, int rows,
-                               int n, cudaStream_t st) {
+const char* softmax_fwd_launch(int dt, int e, int occ, const void* x, int64_t sx, void* y, int64_t sy,
+                               int rows, int n, cudaStream_t st) {
   const int cl = cluster_for(n, e);
   const char* err = nullptr;
-  CR_DTYPES(dt, CR_E(e, { err = launch(softmax_fwd<T, E>, rows * cl, cl, st, (const T*)x, sx, (T*)y, sy, n); }))
+  CR_DTYPES(dt, CR_TILE(SOFTMAX_FWD, e, occ, {
+    err = launch(softmax_fwd<T, E, OCC>, rows * cl, cl, st, (const T*)x, sx, (T*)y, sy, n);
+  }))
   return err;
 }
 
-const char* softmax_bwd_launch(int dt, int e, const void* y, int64_t sy, const void* dy, int64_t sdy,
-                               void* dx, int64_t sdx, int rows, int n, cudaStream_t st) {
+const char* softmax_bwd_launch(int dt, int e, int occ, const void* y, int64_t sy, const void* dy,
+                               int64_t sdy, void* dx, int64_t sdx, int rows, int n, cudaStream_t st) {
   const int cl = cluster_for(n, e);
   const char* err = nullptr;
-  CR_DTYPES(dt, CR_E(e, {
-    err = launch(softmax_bwd<T, E>, rows * cl, cl, st, (const T*)y, sy, (const T*)dy, sdy, (T*)dx, sdx, n);
+  CR_DTYPES(dt, CR_TILE(SOFTMAX_BWD, e, occ, {
+    err = launch(softmax_bwd<T, E, OCC>, rows * cl, cl, st, (const T*)y, sy, (const T*)dy, sdy, (T*)dx,
+                 sdx, n);
   }))
   return err;
 }

@@ -15,7 +15,7 @@ capability 9.0 or more with nvcc; an op and dtype for which the kernels measured
 Triton ones (``WINS``); rows wider than 32,768 values (``kernels.rows.CLUSTER_ABOVE_COLS``, up to
 65,536) that are whole 16-byte vectors (width, row stride and data pointer); and at least 1,024
 rows, so that the launch's host cost is small beside the kernel. Everything else keeps the Triton path. The
-extension is built on first use (about 15 s of nvcc on one core) and cached by torch; a build that
+extension is built on first use (about a minute on the lent H100 machine) and cached by torch; a build that
 fails warns once and leaves the Triton path in place. ``GPU_BRRR_CLUSTER_ROWS=0`` turns it off.
 """
 
@@ -38,6 +38,20 @@ MAX_CLUSTER = 16  # CTAs per cluster: 8 is portable, an H100 allows 16
 # with 32 they need 107-189 registers, so they use 16 (4,096 values per CTA, 48-114 registers).
 E_FWD = 32
 E_BWD = 16
+# The packed kernels (both forwards, softmax's backward) also take an occupancy target OCC, the
+# CTAs an SM must hold (a cap on registers a thread; 0: the compiler's choice). A tile is (E, OCC).
+# Bytes in flight per SM are (CTAs an SM) x (a chunk's bytes), and with the compiler's choice a
+# 16-bit chunk of 8,192 values (16 KB) keeps 4-6 CTAs an SM (64-96 KB; fp32: 128-160 KB). For 16-bit
+# types cluster_rows.cu builds tiles with more bytes in flight and no spills (ptxas -v, sm_90):
+# CANDIDATE_TILES. They run only where TILES names them (op -> element size -> tile), once
+# scripts/gpu/cluster_rows_probe.py --tiles has measured them faster; none has been yet.
+CANDIDATE_TILES = {
+    "softmax_fwd": [(64, 4)],  # 64 registers: 4 CTAs x 32 KB (default: 5 x 16 KB)
+    "rms_norm_fwd": [(64, 4), (32, 5)],  # 4 x 32 KB, or 5 x 16 KB (default: 6 x 16 KB)
+    "layer_norm_fwd": [(32, 5)],  # 48 registers: 5 x 16 KB (default: 60 registers, 4 x 16 KB)
+    "softmax_bwd": [(32, 3)],  # 80 registers: 3 x 2 x 16 KB (default E 16: 5 x 2 x 8 KB)
+}
+TILES: dict[str, dict[int, tuple[int, int]]] = {}
 # The ops and element sizes (bytes) for which the cluster kernels beat the Triton ones, measured
 # on an H100 at 4,096 x 65,536 (scripts/gpu/cluster_rows_probe.py; fractions of the copy
 # bandwidth, cluster / Triton, one run). fp32: softmax 0.87 / 0.73 forward, 0.88 / 0.62 backward;
@@ -57,12 +71,12 @@ ENV = "GPU_BRRR_CLUSTER_ROWS"
 FUNCTIONS = ["cr_norm_fwd", "cr_norm_bwd", "cr_softmax_fwd", "cr_softmax_bwd"]
 SIGNATURE = """
 std::vector<torch::Tensor> cr_norm_fwd(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> b,
-                                       double eps, bool rms, bool stats, int64_t e);
+                                       double eps, bool rms, bool stats, int64_t e, int64_t occ);
 std::vector<torch::Tensor> cr_norm_bwd(torch::Tensor dy, torch::Tensor x, torch::Tensor w,
                                        c10::optional<torch::Tensor> mean, torch::Tensor rstd, bool bias,
                                        int64_t e, int64_t clusters);
-torch::Tensor cr_softmax_fwd(torch::Tensor x, int64_t e);
-torch::Tensor cr_softmax_bwd(torch::Tensor y, torch::Tensor dy, int64_t e);
+torch::Tensor cr_softmax_fwd(torch::Tensor x, int64_t e, int64_t occ);
+torch::Tensor cr_softmax_bwd(torch::Tensor y, torch::Tensor dy, int64_t e, int64_t occ);
 """
 
 
@@ -140,9 +154,17 @@ def rows_of(x: torch.Tensor) -> torch.Tensor:
     return x if x.ndim == 2 else x.view(-1, x.shape[-1])
 
 
+def tile(op: str, x: torch.Tensor) -> tuple[int, int]:
+    """(E, OCC) for ``op`` on ``x``'s dtype: TILES' entry, else E_FWD or E_BWD at the compiler's
+    own occupancy."""
+    default = (E_BWD if op.endswith("_bwd") else E_FWD, 0)
+    return TILES.get(op, {}).get(x.element_size(), default)
+
+
 def norm_forward(x, weight, bias, eps: float, is_rms: bool, stats: bool = True):
     """y, mean, rstd (mean None for RMSNorm; both None without ``stats``) for ``x`` as rows."""
-    y, mean, rstd = module().cr_norm_fwd(rows_of(x), weight, bias, float(eps), is_rms, stats, E_FWD)
+    e, occ = tile("rms_norm_fwd" if is_rms else "layer_norm_fwd", x)
+    y, mean, rstd = module().cr_norm_fwd(rows_of(x), weight, bias, float(eps), is_rms, stats, e, occ)
     return (
         y.view(x.shape),
         mean if stats and not is_rms else None,
@@ -170,9 +192,9 @@ def _grad_rows(dy: torch.Tensor) -> torch.Tensor:
 
 
 def softmax_forward(x: torch.Tensor) -> torch.Tensor:
-    return module().cr_softmax_fwd(rows_of(x), E_FWD).view(x.shape)
+    return module().cr_softmax_fwd(rows_of(x), *tile("softmax_fwd", x)).view(x.shape)
 
 
 def softmax_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     dy2 = _grad_rows(dy)
-    return module().cr_softmax_bwd(rows_of(y), dy2, E_BWD).view(y.shape)
+    return module().cr_softmax_bwd(rows_of(y), dy2, *tile("softmax_bwd", y)).view(y.shape)

@@ -25,7 +25,7 @@ void check_rows(const char* name, const torch::Tensor& t, int64_t e) {
   TORCH_CHECK(t.size(1) % v == 0 && t.stride(0) % v == 0 &&
                   reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
               "cluster_rows: ", name, "'s rows must be 16-byte aligned whole vectors");
-  TORCH_CHECK(e == 16 || e == 32, "cluster_rows: e must be 16 or 32, got ", e);
+  TORCH_CHECK(e == 16 || e == 32 || e == 64, "cluster_rows: e must be 16, 32 or 64, got ", e);
   const int64_t cl = (t.size(1) + e * cluster_rows::THREADS - 1) / (e * cluster_rows::THREADS);
   TORCH_CHECK(cl >= 1 && cl <= cluster_rows::MAX_CLUSTER, "cluster_rows: rows of ", t.size(1),
               " values need ", cl, " CTAs, more than a cluster holds (", cluster_rows::MAX_CLUSTER, ")");
@@ -39,7 +39,8 @@ void check(const char* err) { TORCH_CHECK(err == nullptr, "cluster_rows: ", err 
 // -> [y, mean, rstd]: mean and rstd are fp32 [rows] (mean empty for RMSNorm; both empty without
 // stats).
 std::vector<torch::Tensor> cr_norm_fwd(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> b,
-                                       double eps, bool rms, bool stats, int64_t e) {
+                                       double eps, bool rms, bool stats, int64_t e,
+                                       int64_t occ) {
   check_rows("x", x, e);
   TORCH_CHECK(w.is_contiguous() && w.numel() == x.size(1) && w.scalar_type() == x.scalar_type(),
               "cluster_rows: weight must be contiguous, [n] and of x's dtype");
@@ -55,8 +56,8 @@ std::vector<torch::Tensor> cr_norm_fwd(torch::Tensor x, torch::Tensor w, c10::op
   auto mean = torch::empty({stats && !rms ? rows : 0}, f32);
   if (rows == 0) return {y, mean, rstd};
   check(cluster_rows::norm_fwd_launch(
-      dtype_code(x), static_cast<int>(e), rms, bias, stats, x.data_ptr(), x.stride(0), w.data_ptr(),
-      bias ? b->data_ptr() : w.data_ptr(), y.data_ptr(), y.stride(0),
+      dtype_code(x), static_cast<int>(e), static_cast<int>(occ), rms, bias, stats, x.data_ptr(), x.stride(0),
+      w.data_ptr(), bias ? b->data_ptr() : w.data_ptr(), y.data_ptr(), y.stride(0),
       stats && !rms ? mean.data_ptr<float>() : nullptr, stats ? rstd.data_ptr<float>() : nullptr,
       static_cast<int>(rows), static_cast<int>(x.size(1)), static_cast<float>(eps),
       at::cuda::getCurrentCUDAStream()));
@@ -71,6 +72,7 @@ std::vector<torch::Tensor> cr_norm_bwd(torch::Tensor dy, torch::Tensor x, torch:
                                        int64_t e, int64_t clusters) {
   check_rows("x", x, e);
   check_rows("dy", dy, e);
+  TORCH_CHECK(e == 16 || e == 32, "cluster_rows: the norms' backward is built for e 16 or 32, got ", e);
   TORCH_CHECK(dy.sizes() == x.sizes() && dy.scalar_type() == x.scalar_type(), "cluster_rows: dy must match x");
   TORCH_CHECK(w.is_contiguous() && w.numel() == x.size(1) && w.scalar_type() == x.scalar_type(),
               "cluster_rows: weight must be contiguous, [n] and of x's dtype");
@@ -100,29 +102,30 @@ std::vector<torch::Tensor> cr_norm_bwd(torch::Tensor dy, torch::Tensor x, torch:
   return {dx, partials};
 }
 
-torch::Tensor cr_softmax_fwd(torch::Tensor x, int64_t e) {
+torch::Tensor cr_softmax_fwd(torch::Tensor x, int64_t e, int64_t occ) {
   check_rows("x", x, e);
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   auto y = torch::empty_like(x, torch::MemoryFormat::Contiguous);
   if (x.size(0) == 0) return y;
-  check(cluster_rows::softmax_fwd_launch(dtype_code(x), static_cast<int>(e), x.data_ptr(), x.stride(0),
-                                         y.data_ptr(), y.stride(0), static_cast<int>(x.size(0)),
-                                         static_cast<int>(x.size(1)), at::cuda::getCurrentCUDAStream()));
+  check(cluster_rows::softmax_fwd_launch(dtype_code(x), static_cast<int>(e), static_cast<int>(occ),
+                                         x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0),
+                                         static_cast<int>(x.size(0)), static_cast<int>(x.size(1)),
+                                         at::cuda::getCurrentCUDAStream()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
 }
 
-torch::Tensor cr_softmax_bwd(torch::Tensor y, torch::Tensor dy, int64_t e) {
+torch::Tensor cr_softmax_bwd(torch::Tensor y, torch::Tensor dy, int64_t e, int64_t occ) {
   check_rows("y", y, e);
   check_rows("dy", dy, e);
   TORCH_CHECK(dy.sizes() == y.sizes() && dy.scalar_type() == y.scalar_type(), "cluster_rows: dy must match y");
   const c10::cuda::OptionalCUDAGuard guard(y.device());
   auto dx = torch::empty_like(y, torch::MemoryFormat::Contiguous);
   if (y.size(0) == 0) return dx;
-  check(cluster_rows::softmax_bwd_launch(dtype_code(y), static_cast<int>(e), y.data_ptr(), y.stride(0),
-                                         dy.data_ptr(), dy.stride(0), dx.data_ptr(), dx.stride(0),
-                                         static_cast<int>(y.size(0)), static_cast<int>(y.size(1)),
-                                         at::cuda::getCurrentCUDAStream()));
+  check(cluster_rows::softmax_bwd_launch(dtype_code(y), static_cast<int>(e), static_cast<int>(occ),
+                                         y.data_ptr(), y.stride(0), dy.data_ptr(), dy.stride(0), dx.data_ptr(),
+                                         dx.stride(0), static_cast<int>(y.size(0)),
+                                         static_cast<int>(y.size(1)), at::cuda::getCurrentCUDAStream()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return dx;
 }
