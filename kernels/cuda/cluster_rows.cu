@@ -69,9 +69,10 @@ struct Cols {
 };
 
 // The chunk as loaded, 16 bytes a vector: a 16-bit type keeps two values per register, half the
-// registers of fp32 copies, so twice as many CTAs fit on an SM and more loads are in flight while a
-// CTA waits at the cluster barrier. at(i, j) converts one value to fp32. Columns at or past n
-// load as zero bits (the caller masks them where zero is not neutral).
+// registers of fp32 copies of its values. (The compiler may still keep converted copies across the
+// passes over the chunk: bf16 LayerNorm's forward takes 60 registers at E = 32, fp16's 46; OCC caps
+// that.) at(i, j) converts one value to fp32. Columns at or past n load as zero bits (the caller
+// masks them where zero is not neutral).
 template <typename T, int E>
 struct Packed : Cols<T, E> {
   using Cols<T, E>::N;
@@ -517,8 +518,8 @@ inline int cluster_for(int n, int e) { return (n + e * THREADS - 1) / (e * THREA
 // The tiles (E, OCC) built for the packed kernels: (16, 0) and (32, 0) everywhere, and for 16-bit
 // types the tiles that hold more bytes in flight without spilling (ptxas -v, sm_90): 64 values a
 // thread in 64 registers (4 CTAs an SM, 32 KB each) for softmax's and RMSNorm's forward, 32 values
-// in 48 registers (5 CTAs) for the norms' forward, 32 values in 80 registers (3 CTAs, two chunks
-// each) for softmax's backward.
+// in 48 registers (5 CTAs) for LayerNorm's forward, 32 values in 80 registers (3 CTAs, two chunks
+// each) for softmax's backward (scripts/cluster_rows_ptxas.py prints the table).
 enum Kind { SOFTMAX_FWD, SOFTMAX_BWD, RMS_FWD, LAYER_FWD };
 template <int KIND, typename T, int E, int OCC>
 constexpr bool built() {
@@ -527,7 +528,7 @@ constexpr bool built() {
   switch (KIND) {
     case SOFTMAX_FWD: return E == 64 && OCC == 4;
     case SOFTMAX_BWD: return E == 32 && OCC == 3;
-    case RMS_FWD: return (E == 64 && OCC == 4) || (E == 32 && OCC == 5);
+    case RMS_FWD: return E == 64 && OCC == 4;
     default: return E == 32 && OCC == 5;
   }
 }

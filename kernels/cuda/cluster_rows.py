@@ -40,18 +40,19 @@ E_FWD = 32
 E_BWD = 16
 # The packed kernels (both forwards, softmax's backward) also take an occupancy target OCC, the
 # CTAs an SM must hold (a cap on registers a thread; 0: the compiler's choice). A tile is (E, OCC).
-# Bytes in flight per SM are (CTAs an SM) x (a chunk's bytes), and with the compiler's choice a
-# 16-bit chunk of 8,192 values (16 KB) keeps 4-6 CTAs an SM (64-96 KB; fp32: 128-160 KB). For 16-bit
-# types cluster_rows.cu builds tiles with more bytes in flight and no spills (ptxas -v, sm_90):
-# CANDIDATE_TILES. They run only where TILES names them (op -> element size -> tile), once
-# scripts/gpu/cluster_rows_probe.py --tiles has measured them faster; none has been yet.
+# An SM holds (CTAs an SM) x (a chunk's bytes) of rows in registers, and with the compiler's choice
+# a 16-bit chunk of 8,192 values (16 KB) keeps 4-6 CTAs an SM in the forwards (64-96 KB; fp32:
+# 128-160 KB; scripts/cluster_rows_ptxas.py prints the table). For 16-bit types cluster_rows.cu
+# builds tiles that hold more without spilling: CANDIDATE_TILES. One runs only where TILES names it
+# (op -> dtype -> tile), once scripts/gpu/cluster_rows_probe.py --tiles has measured it faster;
+# none has been yet.
 CANDIDATE_TILES = {
     "softmax_fwd": [(64, 4)],  # 64 registers: 4 CTAs x 32 KB (default: 5 x 16 KB)
-    "rms_norm_fwd": [(64, 4), (32, 5)],  # 4 x 32 KB, or 5 x 16 KB (default: 6 x 16 KB)
-    "layer_norm_fwd": [(32, 5)],  # 48 registers: 5 x 16 KB (default: 60 registers, 4 x 16 KB)
+    "rms_norm_fwd": [(64, 4)],  # 4 x 32 KB (default: bf16 6 x 16 KB, fp16 8 x 16 KB)
+    "layer_norm_fwd": [(32, 5)],  # 48 registers: 5 x 16 KB (default: bf16 58-60 regs, 4 x 16 KB)
     "softmax_bwd": [(32, 3)],  # 80 registers: 3 x 2 x 16 KB (default E 16: 5 x 2 x 8 KB)
 }
-TILES: dict[str, dict[int, tuple[int, int]]] = {}
+TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {}
 # The ops and element sizes (bytes) for which the cluster kernels beat the Triton ones, measured
 # on an H100 at 4,096 x 65,536 (scripts/gpu/cluster_rows_probe.py; fractions of the copy
 # bandwidth, cluster / Triton, one run). fp32: softmax 0.87 / 0.73 forward, 0.88 / 0.62 backward;
@@ -158,13 +159,15 @@ def tile(op: str, x: torch.Tensor) -> tuple[int, int]:
     """(E, OCC) for ``op`` on ``x``'s dtype: TILES' entry, else E_FWD or E_BWD at the compiler's
     own occupancy."""
     default = (E_BWD if op.endswith("_bwd") else E_FWD, 0)
-    return TILES.get(op, {}).get(x.element_size(), default)
+    return TILES.get(op, {}).get(x.dtype, default)
 
 
 def norm_forward(x, weight, bias, eps: float, is_rms: bool, stats: bool = True):
     """y, mean, rstd (mean None for RMSNorm; both None without ``stats``) for ``x`` as rows."""
     e, occ = tile("rms_norm_fwd" if is_rms else "layer_norm_fwd", x)
-    y, mean, rstd = module().cr_norm_fwd(rows_of(x), weight, bias, float(eps), is_rms, stats, e, occ)
+    y, mean, rstd = module().cr_norm_fwd(
+        rows_of(x), weight, bias, float(eps), is_rms, stats, e, occ
+    )
     return (
         y.view(x.shape),
         mean if stats and not is_rms else None,

@@ -7,7 +7,11 @@ path turned off through ``kernels.rows.CLUSTER_ABOVE_COLS``) and PyTorch. Forwar
 (read x, write y), backward 3 (read x or y and dy, write dx): the cases and their traffic are
 kernels.shapes' own.
 
-    python scripts/gpu/cluster_rows_probe.py [--quick] [--json FILE]
+With ``--tiles``, the 16-bit cases also time each of cluster_rows.CANDIDATE_TILES (columns
+``e64/o4`` and the like: E values a thread, an occupancy target of OCC CTAs an SM) against the
+default tile (``cluster``), in the same process: the measurement that decides cluster_rows.TILES.
+
+    python scripts/gpu/cluster_rows_probe.py [--quick] [--tiles] [--json FILE]
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def bench_ms(fn) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tiles", action="store_true", help="16-bit cases: time the candidate tiles")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     t0 = time.time()
@@ -76,6 +81,14 @@ def main() -> None:
             ms[c.op]["cluster"], ms[c.op]["torch"] = bench_ms(ours), bench_ms(theirs)
             ours = theirs = None
         assert len(CALLS) == 4, CALLS  # every op took the cluster path
+        if args.tiles and dtype != torch.float32:
+            for c in row_cases:
+                for e, occ in cluster_rows.CANDIDATE_TILES.get(c.op, []):
+                    cluster_rows.TILES = {c.op: {dtype: (e, occ)}}
+                    ours = c.setup()[0]
+                    ms[c.op][f"e{e}/o{occ}"] = bench_ms(ours)
+                    ours = None
+            cluster_rows.TILES = {}
         rows.CLUSTER_ABOVE_COLS, keep = 1 << 40, rows.CLUSTER_ABOVE_COLS
         CALLS.clear()
         for c in row_cases:
@@ -97,6 +110,7 @@ def main() -> None:
             )
     print("\nfraction of copy bandwidth (device time, median of do_bench)")
     keys = ["cluster", "triton", "torch"]
+    keys += sorted({k for rec in recs for k in rec["frac"]} - set(keys))
     print(f"{'op':16s} {'dtype':9s} {'shape':14s} " + " ".join(f"{k:>11s}" for k in keys))
     for rec in recs:
         cells = " ".join(
