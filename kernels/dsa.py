@@ -437,8 +437,8 @@ def topk_indices(
     largest score of each row, then a count pass and a write pass pack the ids above it, chunk by
     chunk. It reads the ``n_ctx`` scores six times (4 bytes per token each, against the indexer's
     d_I-byte key and MLA's 1,152 bytes). ``torch.topk`` did the same work in about twenty launches per call, and on
-    an H100 (Lab 6c, batch 8, k = 2048) took 87 us at 64K tokens and 100 us at 128K, more than the
-    indexer."""
+    an H100 (Lab 6c, batch 8, k = 2048) took 178 us at 64K tokens and 228 us at 128K in the run
+    page 6.4 cites (87 and 100 us in an earlier one), more than the indexer."""
     _validate.tensor("scores", scores, dtypes=(torch.float32,), ndim=3)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")

@@ -58,11 +58,13 @@ DEEPSEEK_V3 = dict(r=512, d_rope=64, n_heads=128, d_nope=128, d_v=128)
 # ----------------------------------------------------------------------------- configurations
 
 # (BLOCK_H, BLOCK_N, num_warps, num_stages). The fp32 accumulator is BLOCK_H x r and the latent
-# queries stay resident beside it, so registers bind: at BLOCK_H = 64 over 8 warps ptxas gives
-# 210 registers a thread and no spills (Nsight Compute, H100), one program per SM. That program
-# is latency-bound (12% of DRAM bandwidth and 16% of the tensor pipe at batch 128, 32k tokens;
-# results/profiles/), so what pays is more work per loop trip: 64-token tiles ran batch 128 x
-# 32k in 7.1 ms against 11.8 ms for 16-token ones (the profile call's tile sweep). Sixteen warps
+# queries stay resident beside it, so registers bind: at BLOCK_H = 64 over 8 warps a 16-token tile
+# takes 210 registers a thread and no spills, a 64-token one all 255 and spills (Nsight Compute,
+# H100; the caches absorb the spills: the cache is still read from DRAM once), and either way one
+# program fills an SM. The 16-token program is latency-bound (12% of DRAM bandwidth and 16% of
+# the tensor pipe at batch 128, 32k tokens; results/profiles/), so what pays is more work per
+# loop trip: 64-token tiles ran batch 128 x 32k in 7.1 ms against 11.8 ms for 16-token ones (the
+# profile call's tile sweep). Sixteen warps
 # lost to eight at every tile. Smaller head blocks re-read each row once per head block: the grid
 # puts a row's head blocks next to each other so that those re-reads come from L2; they win at
 # batch 1, where 128 heads / 32 gives more programs. A 64-row tile of 576 bf16 values is 72 KB,
