@@ -387,11 +387,12 @@ __global__ void __launch_bounds__(faws::NT, 1)
   }
 }
 
-// The plain schedule on a persistent grid: one block per SM walks over (query tile, head) pairs
-// t = blockIdx.x, blockIdx.x + gridDim.x, ..., so the producer loads the next tile's Q, K and V
-// while the consumers finish the last one (their epilogue, and the ramp of every tile, no longer
-// leave the tensor cores idle). Causal tiles go longest first within a group of heads, so the short
-// ones fill the end. The K/V ring
+// The plain schedule on a persistent grid: one block per SM walks over (query tile, head) pairs,
+// its first tile blockIdx.x and each later one drawn off a global counter (gridDim.x + atomicAdd),
+// so the producer loads the next tile's Q, K and V while the consumers finish the last one (their
+// epilogue, and the ramp of every tile, no longer leave the tensor cores idle), and a block that
+// drew short causal tiles draws more. Causal tiles go longest first within a group of heads, so
+// the short ones fill the end. The K/V ring
 // runs on across tiles (a fill counter g, not the key index, picks the slot and the phase); a
 // second barrier, Q empty, tells the producer when the consumers are done with a tile's Q.
 template <bool CAUSAL>
