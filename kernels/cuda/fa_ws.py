@@ -12,8 +12,8 @@ grid of one block per SM that draws tiles off a global counter: the default with
 measured 1.05-1.11x plain on an H100 (without it, within a few % of plain either way).
 
 Why CUDA and not Triton: Triton 3.6's automatic warp specialisation of this kernel computes the
-causal case wrongly, and splitting the query tile by hand makes each consumer partition do both
-halves (``kernels/flash_attention_ws.py`` keeps that experiment). The CUDA kernel is built from
+causal case wrongly (``kernels/flash_attention_ws.py`` keeps that experiment), and splitting the
+query tile by hand made each consumer partition do both halves. The CUDA kernel is built from
 pieces the Hopper ladder's steps 9-11 already tested: descriptors, TMA boxes, the mbarrier ring and
 ``setmaxnreg``.
 
