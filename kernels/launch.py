@@ -48,23 +48,44 @@ def sm_count(interpreter: int = 1) -> int:
     return properties().multi_processor_count
 
 
+def blocks_per_sm(
+    threads: int,
+    registers: int,
+    shared: int = 0,
+    *,
+    max_threads: int = 2048,
+    max_regs: int = 65536,
+    max_smem: int = 167936,
+) -> int:
+    """How many blocks of ``threads`` threads using ``registers`` registers a thread and ``shared``
+    bytes of shared memory one SM holds at once: the fewest allowed by its threads, its registers
+    (allocated 8 per thread at a time) and its shared memory (each resident block also reserves
+    1 KiB for the system). The limits default to an A100's (64K registers, 2,048 threads and 164
+    KiB of shared memory per SM), which an H100 matches or exceeds."""
+    regs = -(-max(registers, 1) // 8) * 8 * threads
+    fits = [max_threads // threads, max_regs // regs]
+    if shared:
+        fits.append(max_smem // (shared + 1024))
+    return max(min(fits), 1)
+
+
 def programs_per_sm(compiled) -> int:
-    """How many programs of a compiled Triton kernel one SM holds at once: the fewest allowed by its
-    threads, its registers (allocated 8 per thread at a time) and its shared memory (each resident
-    block also reserves 1 KiB for the system)."""
+    """How many programs of a compiled Triton kernel one SM holds at once (``blocks_per_sm`` with
+    the current GPU's limits)."""
     compiled._init_handles()  # loads the binary: fills in n_regs
     props = properties()
-    # Older torch builds lack some of these fields: fall back to an A100's (64K registers, 2,048
-    # threads and 164 KiB of shared memory per SM), which an H100 matches or exceeds.
-    max_threads = getattr(props, "max_threads_per_multi_processor", 2048)
-    max_regs = getattr(props, "regs_per_multiprocessor", 65536)
-    max_smem = getattr(props, "shared_memory_per_multiprocessor", 167936)
+    # Older torch builds lack some of these fields: blocks_per_sm's defaults stand in.
+    limits = {
+        key: getattr(props, field)
+        for key, field in (
+            ("max_threads", "max_threads_per_multi_processor"),
+            ("max_regs", "regs_per_multiprocessor"),
+            ("max_smem", "shared_memory_per_multiprocessor"),
+        )
+        if hasattr(props, field)
+    }
     threads = compiled.metadata.num_warps * 32
-    regs = -(-max(compiled.n_regs, 1) // 8) * 8 * threads
-    fits = [max_threads // threads, max_regs // regs]
-    if compiled.metadata.shared:
-        fits.append(max_smem // (compiled.metadata.shared + 1024))
-    return max(min(fits), 1)
+    return blocks_per_sm(threads, compiled.n_regs, compiled.metadata.shared, **limits)
 
 
 def resident_programs(compiled) -> int:

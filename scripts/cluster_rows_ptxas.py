@@ -1,8 +1,8 @@
 """Registers, occupancy and bytes in flight of the thread-block cluster row kernels, from the
 compiler alone (no GPU): nvcc compiles kernels/cuda/cluster_rows.cu for sm_90 with ``-Xptxas -v``,
 and for each kernel this prints the registers a thread, the spills, the CTAs an SM can hold by
-registers (256 threads a CTA, registers allocated 8 a thread at a time, 65,536 a SM, at most 8
-CTAs of 256 threads), a CTA's chunk in KB, and the bytes an SM holds in registers at once (CTAs x
+registers (kernels.launch.blocks_per_sm: 256 threads a CTA, registers allocated 8 a thread at a
+time, 65,536 an SM, at most 8 CTAs of 256 threads), a CTA's chunk in KB, and the bytes an SM holds in registers at once (CTAs x
 chunks): the bytes it can have in flight while its CTAs load.
 
     python scripts/cluster_rows_ptxas.py [--all]    # the tiles in use and the candidates; --all: every one
@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from kernels.cuda.hgemm_check import find_tool
+from kernels.launch import blocks_per_sm
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "kernels" / "cuda" / "cluster_rows.cu"
 THREADS = 256
-REGS_PER_SM = 65536
-MAX_CTAS = 2048 // THREADS
 DTYPES = {"f": ("fp32", 4), "6__half": ("fp16", 2), "13__nv_bfloat16": ("bf16", 2)}
 # Mangled names: kernel<T, E, (RMS, BIAS, STATS | RMS, BIAS), OCC?>.
 NAME = re.compile(
@@ -32,18 +32,9 @@ NAME = re.compile(
 )
 
 
-def nvcc() -> str | None:
-    """nvcc on PATH, or the newest under /usr/local/cuda*."""
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    candidates = sorted(Path("/usr/local").glob("cuda*/bin/nvcc"))
-    return str(candidates[-1]) if candidates else None
-
-
 def compile_report(compiler: str | None = None, source: Path = SOURCE) -> list[dict]:
     """One record per kernel in ``source``: name, op, dtype, e, occ, registers, spill_bytes."""
-    compiler = compiler or nvcc()
+    compiler = compiler or find_tool("nvcc")
     if compiler is None:
         raise RuntimeError("nvcc not found (the CUDA toolkit)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,8 +82,9 @@ def _describe(rec: dict) -> dict:
 
 
 def ctas_per_sm(registers: int) -> int:
-    per_cta = -(-registers // 8) * 8 * THREADS
-    return min(MAX_CTAS, REGS_PER_SM // per_cta)
+    """CTAs an SM holds by threads and registers (the kernels' shared memory is a few hundred
+    bytes: it does not bind)."""
+    return blocks_per_sm(THREADS, registers)
 
 
 def main() -> None:

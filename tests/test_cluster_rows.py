@@ -93,7 +93,7 @@ ptxas = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ptxas)
 
 
-@pytest.mark.skipif(ptxas.nvcc() is None, reason="needs nvcc (the CUDA toolkit)")
+@pytest.mark.skipif(ptxas.find_tool("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
 def test_kernels_compile_for_sm90_without_spills():
     """Every kernel builds for sm_90 with no register spills (a spilled chunk would be read and
     written through local memory, the traffic the cluster exists to avoid), and every candidate
@@ -107,8 +107,6 @@ def test_kernels_compile_for_sm90_without_spills():
     for op, tiles in cluster_rows.CANDIDATE_TILES.items():
         for (e, occ), dtype in itertools.product(tiles, ("fp16", "bf16")):
             assert (op, dtype, e, occ) in built, (op, dtype, e, occ)
-    # What the page's table reads: a CTA's rows in registers, per SM, for the default tiles.
-    assert ptxas.ctas_per_sm(40) == 6 and ptxas.ctas_per_sm(60) == 4 and ptxas.ctas_per_sm(32) == 8
 
 
 # ----------------------------------------------------------------------------- GPU: the kernels

@@ -188,3 +188,12 @@ def test_a_constexpr_left_at_its_default_is_passed_to_the_fast_path(gpu_mode):
     for _ in range(2):
         launcher(("k",), (2,), ("X", 5), BLOCK=8)
     assert calls[-1] == ("fast", (2, 1, 1, 7, "fn", "meta", None, None, None, "X", 5, 8, False))
+
+
+def test_blocks_per_sm_takes_the_tightest_limit():
+    """Threads, registers (allocated 8 a thread at a time) and shared memory (plus 1 KiB a block)."""
+    assert launch.blocks_per_sm(256, 40) == 6  # 40 registers: 10,240 a block, 6 in 65,536
+    assert launch.blocks_per_sm(256, 58) == 4  # rounded up to 64
+    assert launch.blocks_per_sm(256, 16) == 8  # threads bind: 2,048 / 256
+    assert launch.blocks_per_sm(128, 32, 50_000) == 3  # 167,936 / 51,024
+    assert launch.blocks_per_sm(1024, 255) == 1  # never below one

@@ -14,10 +14,9 @@
 // Tiles. E values a thread (a CTA holds 256 E of a row), and for the kernels that keep their values
 // packed (the forwards and softmax's backward) an occupancy target OCC: the CTAs an SM must hold,
 // which caps the registers a thread (__launch_bounds__'s second argument; 0: the compiler's own
-// choice). Bytes in flight per SM are (CTAs an SM) x (a chunk's bytes). A 16-bit chunk of 8,192
-// values is 16 KB against fp32's 32 KB, and with the compiler's choice of registers bf16 LayerNorm
-// keeps 4 CTAs an SM (64 KB) where fp32 keeps 4 (128 KB), so the 16-bit types also build a few
-// larger or tighter tiles (built(), below), which scripts/gpu/cluster_rows_probe.py --tiles times.
+// choice). An SM holds (CTAs an SM) x (a chunk's bytes) of rows, and 16-bit chunks are half as
+// large, so the 16-bit types also build a few larger or tighter tiles (built(), below), which
+// scripts/gpu/cluster_rows_probe.py --tiles times.
 //
 // Kernels (T = float, __half or __nv_bfloat16; rows are 16-byte aligned vectors of T):
 //   norm_fwd   y = (x - mean) * rstd * w (+ b), and the row's mean and rstd (fp32) if STATS
