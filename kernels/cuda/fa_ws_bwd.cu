@@ -378,7 +378,8 @@ static const char* fabwd_dq_map(CUtensorMap* map, float* dq, int rows) {
 // Before the main kernel, one warp per query row of the padded [BH, n_pad] statistics (n_pad = N
 // rounded up to whole query tiles): delta_i = sum_d dO_id O_id in fp32 (the row term of dS = P (dP -
 // delta)) and lse_i beside it, and that row of the fp32 dQ accumulator zeroed (one read of O and dO,
-// one write of the accumulator; the torch expression it replaces made six passes over fp32 copies).
+// one write of the accumulator; the torch code it replaces ran five kernels: two fp32 casts of O and
+// dO, their product, the row sum and the zeros).
 // Rows i >= N get lse = +inf and delta = 0, so the main kernel's P is 0 there without a test.
 __global__ void fa_ws_bwd_prep_kernel(const bf16* __restrict__ O, const bf16* __restrict__ dO,
                                       const float* __restrict__ lse, float* __restrict__ lse_pad,
