@@ -34,6 +34,12 @@ On Hopper the adds go out as TMA bulk reductions (``tensor_descriptor.atomic_add
 dQ tile push the key-tile kernel past 255 registers into spills, and it takes 6,950 µs where the
 two kernels take 3,951 + 2,638 (scripts/gpu/fa_bwd_tiles.py; page 4.12 has the numbers).
 
+**On Hopper** ``attention`` hands bf16 self-attention with head dim 128 to the CUDA kernels of page
+4.12 (``kernels.cuda.fa_ws``, FlashAttention-3's warp-specialised design) from the lengths where they
+measured faster than these: the forward from ``fa_ws.FASTER_FROM`` tokens, the backward from
+``fa_ws_bwd.FASTER_FROM``. ``impl="triton"`` (or ``GPU_BRRR_CUDA_ATTENTION=0``) keeps this module's
+kernels; the chapters that teach them do so.
+
 ``naive_attention`` is the textbook version that materialises the scores (for the chapter's memory
 and speed comparison) and ``attention_ref`` the fp32 reference.
 """
@@ -58,6 +64,9 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 # with atomics). The first is the default: the second measured 3-5% slower on an H100 (causal: 3%
 # faster, within run-to-run noise).
 BACKWARDS = ("two_kernels", "atomic_dq")
+# Which kernels ``attention`` runs: "auto" (the CUDA FlashAttention-3 kernels of page 4.12 where they
+# measured faster than these Triton ones, on Hopper; see ``attention``), "triton" or "cuda".
+IMPLS = ("auto", "triton", "cuda")
 
 # ----------------------------------------------------------------------------- configurations
 
@@ -716,27 +725,76 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, backward: str 
     return dq, dk, dv
 
 
+def _cuda_forward(q, k, v, impl: str, tma) -> bool:
+    """Whether this forward runs the CUDA kernel of page 4.12 (``kernels.cuda.fa_ws``) instead of
+    the Triton one: always with ``impl="cuda"``; with "auto" where it measured faster (its
+    ``takes``), unless the caller chose a Triton option (``tma``)."""
+    if impl == "triton" or (impl == "auto" and tma is not None):
+        return False
+    from kernels.cuda import fa_ws
+
+    if impl == "cuda":
+        return True  # fa_ws checks the inputs and says what it cannot take
+    return fa_ws.takes(q, k, v, fa_ws.FASTER_FROM) and fa_ws.forward_built()
+
+
+def _cuda_backward(q, k, v, impl: str, backward: str) -> bool:
+    """The same choice for the backward (``kernels.cuda.fa_ws_bwd``), made where the forward was
+    CUDA's too; "auto" keeps Triton for ``backward="atomic_dq"``, a Triton option."""
+    if impl == "triton" or (impl == "auto" and backward != "two_kernels"):
+        return False
+    from kernels.cuda import fa_ws, fa_ws_bwd
+
+    if impl == "cuda":
+        return True
+    return fa_ws.takes(q, k, v, fa_ws_bwd.FASTER_FROM) and fa_ws_bwd.built()
+
+
 class FlashAttention(torch.autograd.Function):
-    """The autograd node: saves q, k, v, o and the per-row log-sum-exp, never the N x N matrix."""
+    """The autograd node: saves q, k, v, o and the per-row log-sum-exp, never the N x N matrix.
+    Both kernels keep the log-sum-exp in the same units (log2), so either backward can follow
+    either forward."""
 
     @staticmethod
     def forward(
-        ctx, q, k, v, causal: bool, sm_scale: float, tma: bool | None = None, backward="two_kernels"
+        ctx,
+        q,
+        k,
+        v,
+        causal: bool,
+        sm_scale: float,
+        tma: bool | None = None,
+        backward="two_kernels",
+        impl="auto",
     ):
-        o, lse = _forward(q, k, v, causal, sm_scale, tma)
+        cuda = _cuda_forward(q, k, v, impl, tma)
+        if cuda:
+            from kernels.cuda import fa_ws
+
+            o, lse = fa_ws.attention(q, k, v, causal, sm_scale)
+        else:
+            o, lse = _forward(q, k, v, causal, sm_scale, tma)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal = causal
         ctx.sm_scale = sm_scale
         ctx.backward_mode = backward
+        ctx.cuda_backward = cuda and _cuda_backward(q, k, v, impl, backward)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(
-            q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.sm_scale, ctx.backward_mode
-        )
-        return dq, dk, dv, None, None, None, None
+        if ctx.cuda_backward:
+            from kernels.cuda import fa_ws_bwd
+
+            dq, dk, dv = fa_ws_bwd.backward(
+                q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.sm_scale
+            )
+        else:
+            dq, dk, dv = _backward(
+                q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.sm_scale, ctx.backward_mode
+            )
+        return dq, dk, dv, None, None, None, None, None
 
 
 def attention(
@@ -748,19 +806,28 @@ def attention(
     *,
     tma: bool | None = None,
     backward: str = "two_kernels",
+    impl: str = "auto",
 ) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale [+ causal mask]) v`` for ``q: [B, H, Nq, D]``, ``k, v: [B, H, Nk, D]``.
 
     fp16 or bf16, contiguous, head dim 64 or 128; ``sm_scale`` defaults to ``1/sqrt(D)``. With
     ``causal=True`` query i sees keys 0..i (Nq must equal Nk). Differentiable in q, k and v.
-    ``tma``: move the forward's K/V tiles with the TMA copy engine (Hopper+); default where it
-    applies. Both paths compute the same thing. ``backward``: how the gradient computes dQ, one of
-    ``BACKWARDS`` (the module docstring compares them).
+
+    ``impl`` (one of ``IMPLS``): "triton" runs this module's kernels; "cuda" the CUDA kernels of
+    page 4.12 (``kernels.cuda.fa_ws`` and ``fa_ws_bwd``: Hopper, bf16, head dim 128, Nq == Nk); "auto"
+    takes the CUDA forward from ``fa_ws.FASTER_FROM`` tokens and its backward from
+    ``fa_ws_bwd.FASTER_FROM``, where they measured faster, and Triton's elsewhere.
+    The Triton kernels' options: ``tma`` moves the forward's K/V tiles with the TMA copy engine
+    (Hopper+; default where it applies; both paths compute the same thing); ``backward``, how the
+    gradient computes dQ, one of ``BACKWARDS`` (the module docstring compares them). Under "auto",
+    choosing ``tma`` or ``backward="atomic_dq"`` keeps that pass on Triton.
     """
     scale = _check(q, k, v, causal, sm_scale)
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
-    return FlashAttention.apply(q, k, v, causal, scale, tma, backward)
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    return FlashAttention.apply(q, k, v, causal, scale, tma, backward, impl)
 
 
 def attention_with_lse(
@@ -1033,8 +1100,9 @@ COMPILE_SPECS = [_tma_spec(False), _tma_spec(True), _dq_tma_spec(True)] + _specs
 
 
 IMPLEMENTATIONS = {
-    "triton": attention,
-    "triton-pointers": functools.partial(attention, tma=False),
+    "triton": functools.partial(attention, impl="triton"),
+    "triton-pointers": functools.partial(attention, tma=False, impl="triton"),
+    "cuda": functools.partial(attention, impl="cuda"),  # Hopper, bf16, head dim 128: page 4.12
     "naive": naive_attention,
     **{f"sdpa-{b}": functools.partial(sdpa, backend=b) for b in SDPA_BACKENDS},
 }

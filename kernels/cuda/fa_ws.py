@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import subprocess
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +55,54 @@ SIGNATURE = (
 )
 
 
+# ``kernels.flash_attention.attention`` sends a forward here from this many tokens on (bf16, head dim
+# 128, self-attention, Hopper): on an H100 the default schedules ran 1.11-1.28x the course's Triton
+# forward at every length from 1,024 to 16,384, causal and not (the third run of
+# results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-fa-persistent.txt). Shorter ones were not timed.
+FASTER_FROM = 1024
+# GPU_BRRR_CUDA_ATTENTION=0 keeps every call of ``flash_attention.attention`` on the Triton kernels.
+ENV = "GPU_BRRR_CUDA_ATTENTION"
+
+
 def unavailable_reason() -> str | None:
     """Why the kernel cannot run here, or None: what the Hopper ladder needs (kernels.cuda)."""
     return ladder.hgemm_unavailable_reason()
+
+
+def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, from_tokens: int) -> bool:
+    """Whether these checked inputs of ``flash_attention.attention`` fit the CUDA kernels and are
+    long enough (``from_tokens``) for them to be the faster: bf16 ``[B, H, N, 128]`` self-attention
+    on the GPU, N >= from_tokens, on an sm_90 GPU with nvcc, unless ``ENV`` is "0". The shape tests
+    come first, so a call that cannot take the path never asks the GPU anything."""
+    return (
+        q.dtype == torch.bfloat16
+        and q.shape[-1] == HEAD_DIM
+        and q.shape[2] >= from_tokens
+        and k.shape == q.shape
+        and q.is_cuda
+        and os.environ.get(ENV, "1") != "0"
+        and unavailable_reason() is None
+    )
+
+
+def built(load) -> bool:
+    """Whether ``load()`` (an extension's cached loader) builds; a failure warns once (the caller
+    caches the answer) and the Triton kernels run instead."""
+    try:
+        load()
+    except Exception as err:  # noqa: BLE001 (any build failure keeps the Triton path)
+        warnings.warn(
+            f"kernels.cuda.fa_ws: build failed, the Triton kernels run instead ({err})",
+            stacklevel=4,  # the caller of flash_attention.attention
+        )
+        return False
+    return True
+
+
+@functools.cache
+def forward_built() -> bool:
+    """Whether the forward's extension builds here (asked once per process)."""
+    return built(_module)
 
 
 @functools.cache

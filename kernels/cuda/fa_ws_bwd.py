@@ -24,6 +24,11 @@ SOURCES = ["hgemm_common.cuh", "fa_ws.cu", "fa_ws_bwd.cu"]
 # With the causal mask, blocks in groups of two heads, the longest key tiles first: 3-5% faster than
 # the 2-D grid at 8,192 tokens on an H100; without it the 2-D grid is as fast as any grouping.
 CAUSAL_GROUP_HEADS = 2
+# ``kernels.flash_attention.attention`` sends a backward here from this many tokens on (where its
+# forward is fa_ws's too): on an H100 this backward ran 1.00-1.16x the course's two Triton kernels
+# from 2,048 tokens up, causal and not, and 0.87-0.99x at 1,024
+# (results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-fa-ws-bwd.txt, runs H and I).
+FASTER_FROM = 2048
 SIGNATURE = (
     "std::vector<torch::Tensor> fa_ws_bwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
     "torch::Tensor o, torch::Tensor lse, torch::Tensor dout, bool causal, double sm_scale, "
@@ -83,6 +88,12 @@ def backward(
         q, k, v, o, lse.contiguous(), do, bool(causal), scale, int(stages), int(group_heads)
     )
     return dq, dk, dv
+
+
+@functools.cache
+def built() -> bool:
+    """Whether the backward's extension builds here (asked once per process; a failure warns once)."""
+    return fa_ws.built(_module)
 
 
 def compile_check(workdir: str | Path | None = None) -> fa_ws.Compiled:

@@ -98,7 +98,7 @@ def impls() -> dict:
         "cuda-ws-plain": functools.partial(fa_ws.attention, schedule="plain"),
         "cuda-ws-overlap": functools.partial(fa_ws.attention, schedule="overlap"),
         "cuda-ws-persistent": functools.partial(fa_ws.attention, schedule="persistent"),
-        "course": fa.attention,
+        "course": functools.partial(fa.attention, impl="triton"),
         **sdpa_impls(),
     }
 

@@ -88,7 +88,7 @@ def impls() -> dict:
     return {
         "ws": ws.attention_ws,
         "ws-off": functools.partial(ws.attention_ws, warp_specialize=False),
-        "course": fa.attention,
+        "course": functools.partial(fa.attention, impl="triton"),
         **sdpa_impls(),
     }
 

@@ -675,10 +675,10 @@ def fa_cases(smoke: bool) -> list[Case]:
             for sched in fa_ws.SCHEDULES:
                 cases.append((f"fwd-cuda-ws-{sched}{tag}",
                               lambda c=causal, s=sched: fa_ws.attention(q, k, v, c, schedule=s)))  # fmt: skip
-        cases.append((f"fwd-course{tag}", lambda c=causal: fa.attention(q, k, v, c)))
+        cases.append((f"fwd-course{tag}", lambda c=causal: fa.attention(q, k, v, c, impl="triton")))
         if fa.sdpa_available("cudnn"):
             cases.append((f"fwd-sdpa-cudnn{tag}", lambda c=causal: fa.sdpa(q, k, v, c, "cudnn")))
-        backwards = [(f"course-{mode}", lambda qq, kk, vv, c, m=mode: fa.attention(qq, kk, vv, c, backward=m))
+        backwards = [(f"course-{mode}", lambda qq, kk, vv, c, m=mode: fa.attention(qq, kk, vv, c, backward=m, impl="triton"))
                      for mode in fa.BACKWARDS]  # fmt: skip
         if fa.sdpa_available("cudnn"):
             backwards.append(("sdpa-cudnn", lambda qq, kk, vv, c: fa.sdpa(qq, kk, vv, c, "cudnn")))
