@@ -778,13 +778,14 @@ class FlashAttention(torch.autograd.Function):
         ctx.causal = causal
         ctx.sm_scale = sm_scale
         ctx.backward_mode = backward
-        ctx.cuda_backward = cuda and _cuda_backward(q, k, v, impl, backward)
+        ctx.cuda_forward, ctx.impl = cuda, impl
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        if ctx.cuda_backward:
+        # Chosen here, not in the forward: a forward without a backward never builds its extension.
+        if ctx.cuda_forward and _cuda_backward(q, k, v, ctx.impl, ctx.backward_mode):
             from kernels.cuda import fa_ws_bwd
 
             dq, dk, dv = fa_ws_bwd.backward(

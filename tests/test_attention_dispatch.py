@@ -186,8 +186,12 @@ def test_auto_takes_the_kernels_the_rule_names_and_matches_fp32(n, causal):
         else fa._backward(q, k, v, o, lse, do, causal, 128**-0.5)
     )
     for name, a, b in zip(("dq", "dk", "dv"), grads, expect):
-        # dQ's order of adds may differ (the CUDA backward reduces it with TMA adds): close, not equal.
-        assert (a.float() - b.float()).norm() / b.float().norm() < 1e-2, name
+        if cuda_bwd and name == "dq":
+            # The CUDA backward adds dQ with TMA reductions, in an order that changes run to run:
+            # a few bf16 roundings apart, not equal.
+            assert (a.float() - b.float()).norm() / b.float().norm() < 1e-2, name
+        else:
+            assert torch.equal(a, b), name
 
     ref_leaves = [t.float().requires_grad_() for t in (q, k, v)]
     ref = fa.attention_ref(*ref_leaves, causal)

@@ -93,7 +93,7 @@ def built(load) -> bool:
     except Exception as err:  # noqa: BLE001 (any build failure keeps the Triton path)
         warnings.warn(
             f"kernels.cuda.fa_ws: build failed, the Triton kernels run instead ({err})",
-            stacklevel=4,  # the caller of flash_attention.attention
+            stacklevel=4,  # from a forward: the caller of flash_attention.attention
         )
         return False
     return True
