@@ -61,13 +61,17 @@ def test_only_measured_wins_take_the_cluster(monkeypatch):
 
 def test_tiles_default_to_e_fwd_and_e_bwd_until_measured(monkeypatch):
     bf16 = torch.empty(2, 65536, dtype=torch.bfloat16)
+    for op, tiles in cluster_rows.TILES.items():  # a measured tile: one the .cu builds, for a
+        for dtype, t in tiles.items():  # dtype and op that take the cluster path at all
+            assert t in cluster_rows.CANDIDATE_TILES[op], (op, dtype)
+            assert dtype.itemsize in cluster_rows.WINS[op], (op, dtype)
+    assert cluster_rows.tile("rms_norm_fwd", bf16.float()) == (cluster_rows.E_FWD, 0)  # fp32: none
+    monkeypatch.setattr(cluster_rows, "TILES", {})
     assert cluster_rows.tile("softmax_fwd", bf16) == (cluster_rows.E_FWD, 0)
     assert cluster_rows.tile("softmax_bwd", bf16) == (cluster_rows.E_BWD, 0)
     monkeypatch.setattr(cluster_rows, "TILES", {"softmax_fwd": {torch.bfloat16: (64, 4)}})
     assert cluster_rows.tile("softmax_fwd", bf16) == (64, 4)
     assert cluster_rows.tile("softmax_fwd", bf16.half()) == (cluster_rows.E_FWD, 0)  # per dtype
-    for op, tiles in cluster_rows.TILES.items():  # a tile in use is one the .cu builds
-        assert all(t in cluster_rows.CANDIDATE_TILES[op] for t in tiles.values()), op
 
 
 def test_rows_must_be_aligned_whole_vectors():

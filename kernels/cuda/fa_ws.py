@@ -58,8 +58,9 @@ SIGNATURE = (
 # ``kernels.flash_attention.attention`` sends a forward here from this many tokens on (bf16, head dim
 # 128, self-attention, Hopper): on an H100 the default schedules ran 1.11-1.28x the course's Triton
 # forward at every length from 1,024 to 16,384, causal and not (the third run of
-# results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-fa-persistent.txt). Shorter ones were not timed.
-FASTER_FROM = 1024
+# results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-fa-persistent.txt), and 1.20-1.25x at 512
+# (results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-fa-short.txt). Shorter ones were not timed.
+FASTER_FROM = 512
 # GPU_BRRR_CUDA_ATTENTION=0 keeps every call of ``flash_attention.attention`` on the Triton kernels.
 ENV = "GPU_BRRR_CUDA_ATTENTION"
 

@@ -27,7 +27,8 @@ CAUSAL_GROUP_HEADS = 2
 # ``kernels.flash_attention.attention`` sends a backward here from this many tokens on (where its
 # forward is fa_ws's too): on an H100 this backward ran 1.00-1.16x the course's two Triton kernels
 # from 2,048 tokens up, causal and not, and 0.87-0.99x at 1,024
-# (results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-fa-ws-bwd.txt, runs H and I).
+# (results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-fa-ws-bwd.txt, runs H and I); 0.91-0.95x at 512
+# and 0.91-0.98x at 1,024 again (results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-fa-short.txt).
 FASTER_FROM = 2048
 SIGNATURE = (
     "std::vector<torch::Tensor> fa_ws_bwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
