@@ -40,7 +40,7 @@ def test_narrow_or_few_rows_never_reach_the_module(monkeypatch):
 
 
 def test_only_measured_wins_take_the_cluster(monkeypatch):
-    """WINS decides per op and element size, and kernels.rows the width and row count (the
+    """WINS decides per op and dtype, and kernels.rows the width and row count (the
     build and the GPU are stubbed to yes)."""
     monkeypatch.setattr(cluster_rows, "unavailable_reason", lambda: None)
     monkeypatch.setattr(cluster_rows, "module", lambda: object())
@@ -53,6 +53,7 @@ def test_only_measured_wins_take_the_cluster(monkeypatch):
 
     assert takes(bf16, "rms_norm_fwd") and takes(bf16, "softmax_bwd")
     assert not takes(bf16, "layer_norm_fwd") and not takes(bf16, "softmax_fwd")
+    assert takes(bf16.half(), "softmax_fwd") and not takes(bf16.half(), "layer_norm_fwd")
     assert all(takes(fp32, op) for op in cluster_rows.WINS)
     assert not takes(fp32, "rms_norm_fwd", n_rows=512)  # too few rows
     assert not takes(fp32[:, :32768], "rms_norm_fwd")  # not wider than 32,768
@@ -64,7 +65,7 @@ def test_tiles_default_to_e_fwd_and_e_bwd_until_measured(monkeypatch):
     for op, tiles in cluster_rows.TILES.items():  # a measured tile: one the .cu builds, for a
         for dtype, t in tiles.items():  # dtype and op that take the cluster path at all
             assert t in cluster_rows.CANDIDATE_TILES[op], (op, dtype)
-            assert dtype.itemsize in cluster_rows.WINS[op], (op, dtype)
+            assert dtype in cluster_rows.WINS[op], (op, dtype)
     assert cluster_rows.tile("rms_norm_fwd", bf16.float()) == (cluster_rows.E_FWD, 0)  # fp32: none
     monkeypatch.setattr(cluster_rows, "TILES", {})
     assert cluster_rows.tile("softmax_fwd", bf16) == (cluster_rows.E_FWD, 0)
@@ -135,7 +136,9 @@ def calls(monkeypatch):
     of correctness)."""
     monkeypatch.setattr(rows, "CLUSTER_ABOVE_COLS", 8192)
     monkeypatch.setattr(rows, "CLUSTER_MIN_ROWS", 1)
-    monkeypatch.setattr(cluster_rows, "WINS", {op: {2, 4} for op in cluster_rows.WINS})
+    monkeypatch.setattr(
+        cluster_rows, "WINS", {op: set(rows.SUPPORTED_DTYPES) for op in cluster_rows.WINS}
+    )
     seen = {}
     for name in ("norm_forward", "norm_backward", "softmax_forward", "softmax_backward"):
         inner = getattr(cluster_rows, name)

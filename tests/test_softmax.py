@@ -273,3 +273,28 @@ def test_softmax_under_cuda_graph_capture():
 def test_softmax_rejects_a_cpu_tensor_on_a_gpu_machine():
     with pytest.raises(ValueError, match="x must be on cuda"):
         softmax.softmax(torch.zeros(2, 8))
+
+
+def test_fused_forward_compiles_for_sm90_without_spills_up_to_32768():
+    """Triton compiles the fused forward for Hopper (no GPU needed, outside the interpreter) with no
+    spills for rows of 32,768 (64 values a thread). At 65,536, 128 a thread at the 128-register cap,
+    it spills, fp16 most: scripts/softmax_ptxas.py's report that explains page 4.5's fp16 case."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
+    out = subprocess.run(
+        [sys.executable, str(root / "scripts" / "softmax_ptxas.py"), "--width", "32768"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows_ = [
+        line.split() for line in out.stdout.splitlines() if line[:4] in ("fp16", "bf16", "fp32")
+    ]
+    assert [r[0] for r in rows_] == ["fp16", "bf16", "fp32"], out.stdout
+    for dtype, block_n, _, per_thread, regs, stores, loads in rows_:
+        assert (int(block_n), int(per_thread)) == (32768, 64), (dtype, out.stdout)
+        assert 0 < int(regs) <= 255 and int(stores) == int(loads) == 0, (dtype, out.stdout)

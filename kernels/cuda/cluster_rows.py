@@ -54,25 +54,30 @@ CANDIDATE_TILES = {
 # Measured on an H100 at 4,096 x 65,536, one run, fractions of the copy bandwidth (default tile ->
 # candidate; results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-cluster-rows-tiles.txt): softmax's
 # backward 0.73 -> 0.87 in bf16 and fp16; RMSNorm's forward 0.82 -> 0.89 (bf16), 0.86 -> 0.89 (fp16).
-# Softmax's forward (0.76 -> 0.78 bf16, 0.76 -> 0.79 fp16) and LayerNorm's (0.59 -> 0.65, 0.66 ->
-# 0.67) gained too, but not past the Triton kernels they would have to replace (WINS).
+# fp16 softmax's forward 0.76 -> 0.79, where it replaces a Triton kernel at 0.66 (WINS). bf16
+# softmax's forward (0.76 -> 0.78) and LayerNorm's (0.59 -> 0.65, fp16 0.66 -> 0.67) gained too, but
+# not past the Triton kernels they would have to replace.
 TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
+    "softmax_fwd": {torch.float16: (64, 4)},
     "softmax_bwd": {torch.bfloat16: (32, 3), torch.float16: (32, 3)},
     "rms_norm_fwd": {torch.bfloat16: (64, 4), torch.float16: (64, 4)},
 }
-# The ops and element sizes (bytes) for which the cluster kernels beat the Triton ones, measured
-# on an H100 at 4,096 x 65,536 (scripts/gpu/cluster_rows_probe.py; fractions of the copy
-# bandwidth, cluster / Triton, one run). fp32: softmax 0.87 / 0.73 forward, 0.88 / 0.62 backward;
-# RMSNorm 0.91 / 0.67 and 0.77 / 0.59; LayerNorm 0.81 / 0.67 and 0.62 / 0.59. bf16: RMSNorm 0.82 /
-# 0.71 and 0.63 / 0.59, softmax backward 0.73 / 0.65; but softmax forward 0.75 / 0.85 and LayerNorm
-# 0.59 / 0.66 and 0.39 / 0.59 lose, so those keep Triton (fp16 follows bf16: the same code).
+# The ops and dtypes for which the cluster kernels beat the Triton ones, measured on an H100 at
+# 4,096 x 65,536 (scripts/gpu/cluster_rows_probe.py; fractions of the copy bandwidth, cluster /
+# Triton, one run). fp32: softmax 0.87 / 0.73 forward, 0.88 / 0.62 backward; RMSNorm 0.91 / 0.67
+# and 0.77 / 0.59; LayerNorm 0.81 / 0.67 and 0.62 / 0.59. bf16: RMSNorm 0.82 / 0.71 and 0.63 /
+# 0.59, softmax backward 0.73 / 0.65; but softmax forward 0.75 / 0.85 and LayerNorm 0.59 / 0.66 and
+# 0.39 / 0.59 lose, so those keep Triton. fp16 as bf16 (12-05 run) except softmax's forward, where
+# the Triton kernel measured 0.66 (0.65 again in a second run; ptxas: 216 bytes of spill stores a
+# thread against bf16's 80) and the cluster kernel 0.76, 0.79 with its candidate tile.
+_HALF = {torch.float16, torch.bfloat16}
 WINS = {
-    "softmax_fwd": {4},
-    "softmax_bwd": {2, 4},
-    "rms_norm_fwd": {2, 4},
-    "rms_norm_bwd": {2, 4},
-    "layer_norm_fwd": {4},
-    "layer_norm_bwd": {4},
+    "softmax_fwd": {torch.float32, torch.float16},
+    "softmax_bwd": {torch.float32, *_HALF},
+    "rms_norm_fwd": {torch.float32, *_HALF},
+    "rms_norm_bwd": {torch.float32, *_HALF},
+    "layer_norm_fwd": {torch.float32},
+    "layer_norm_bwd": {torch.float32},
 }
 ENV = "GPU_BRRR_CLUSTER_ROWS"
 
@@ -146,7 +151,7 @@ def use(x: torch.Tensor, op: str, *others: torch.Tensor | None) -> bool:
     """Whether the rows of ``x`` take the cluster kernel of ``op`` (a key of ``WINS``;
     ``others``: the weight and bias, or None). Call it through ``kernels.rows.cluster_path``, the
     one home of the width and row-count thresholds, which it tests first."""
-    if x.element_size() not in WINS[op] or clusters_for(x.shape[-1], E_BWD) > MAX_CLUSTER:
+    if x.dtype not in WINS[op] or clusters_for(x.shape[-1], E_BWD) > MAX_CLUSTER:
         return False
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or not x.is_cuda:
         return False

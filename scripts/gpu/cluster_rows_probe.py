@@ -10,6 +10,7 @@ kernels.shapes' own.
 With ``--tiles``, the 16-bit cases also time each of cluster_rows.CANDIDATE_TILES (columns
 ``e64/o4`` and the like: E values a thread, an occupancy target of OCC CTAs an SM) against the
 default tile (``cluster``), in the same process: the measurement that decides cluster_rows.TILES.
+Without it, ``cluster`` is the tile the library runs (TILES' entry where there is one).
 
     python scripts/gpu/cluster_rows_probe.py [--quick] [--tiles] [--json FILE]
 """
@@ -58,7 +59,7 @@ def main() -> None:
     print(f"build/load: {time.time() - t0:.1f} s", flush=True)
     assert cluster_rows.unavailable_reason() is None
     # Every op and dtype on the cluster kernels (WINS is what this probe measures), any row count.
-    cluster_rows.WINS = {op: {2, 4} for op in cluster_rows.WINS}
+    cluster_rows.WINS = {op: set(rows.SUPPORTED_DTYPES) for op in cluster_rows.WINS}
     rows.CLUSTER_MIN_ROWS, rows.CLUSTER_ABOVE_COLS = 1, 8192
 
     copy = roofline.copy_bandwidth().value  # GB/s
@@ -68,6 +69,7 @@ def main() -> None:
     if args.quick:  # 4096 x 65536 in each dtype
         cases = [c for c in cases if c[1:] == (4096, 65536)]
     recs = []
+    library_tiles = cluster_rows.TILES
     for dtype, r, w in cases:
         # The sweep's own six cases of this layout (kernels.shapes): softmax, RMSNorm and
         # LayerNorm, forward and backward, each with its PyTorch call and its minimum traffic.
@@ -76,6 +78,9 @@ def main() -> None:
         # The cluster path first: a Triton layout, once timed, has a C++ replay plan that later
         # calls of the same layout take (kernels.replay), whatever the cluster setting.
         CALLS.clear()
+        # With --tiles the cluster column is the default tile, the candidates' baseline; without,
+        # the tile the library runs (TILES).
+        cluster_rows.TILES = {} if args.tiles else library_tiles
         for c in row_cases:
             ours, theirs = c.setup()[:2]
             ms[c.op]["cluster"], ms[c.op]["torch"] = bench_ms(ours), bench_ms(theirs)
@@ -88,7 +93,7 @@ def main() -> None:
                     ours = c.setup()[0]
                     ms[c.op][f"e{e}/o{occ}"] = bench_ms(ours)
                     ours = None
-            cluster_rows.TILES = {}
+        cluster_rows.TILES = library_tiles
         rows.CLUSTER_ABOVE_COLS, keep = 1 << 40, rows.CLUSTER_ABOVE_COLS
         CALLS.clear()
         for c in row_cases:

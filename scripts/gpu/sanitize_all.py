@@ -92,7 +92,7 @@ def cluster_rows():
     # otherwise be used for (kernels.rows.CLUSTER_ABOVE_COLS, CLUSTER_MIN_ROWS and cr.WINS).
     keep = rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS
     rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS = 8192, 1
-    cr.WINS = {op: {2, 4} for op in cr.WINS}
+    cr.WINS = {op: set(rows_mod.SUPPORTED_DTYPES) for op in cr.WINS}
     try:
         _cluster_rows(cr, norms, softmax, 256, 16_392)
     finally:
