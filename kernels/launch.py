@@ -93,19 +93,24 @@ def resident_programs(compiled) -> int:
     return programs_per_sm(compiled) * sm_count()
 
 
-def ptx_as_launched(spec: dict, unit_strides: tuple[str, ...] = (), cc: int = 90) -> str:
+def ptx_as_launched(
+    spec: dict,
+    unit_strides: tuple[str, ...] = (),
+    cc: int = 90,
+    sizes: tuple[str, ...] = ("N", "K"),
+) -> str:
     """The PTX of an ahead-of-time compile spec (a module's ``COMPILE_SPECS`` entry) as Triton's
     JIT builds it at a real launch: the strides named in ``unit_strides`` become constants 1, and
-    every other pointer, stride, N and K is known to be a multiple of 16 (what the JIT specialises
-    on). A spec compiled without that knowledge can look worse than the launched kernel (no vector
-    loads); one compiled with it shows what the GPU will run. Needs real JIT functions
-    (TRITON_INTERPRET=0), not a GPU."""
+    every other pointer, stride and the integer arguments named in ``sizes`` are known to be
+    multiples of 16 (what the JIT specialises on). A spec compiled without that knowledge can look
+    worse than the launched kernel (no vector loads); one compiled with it shows what the GPU will
+    run. Needs real JIT functions (TRITON_INTERPRET=0), not a GPU."""
     from triton.backends.compiler import GPUTarget
 
     fn = spec["kernel"]
     consts = {**spec["constexprs"], **dict.fromkeys(unit_strides, 1)}
     sig = {n: t for n, t in spec["signature"].items() if n not in unit_strides}
-    aligned = [n for n in sig if n.endswith("_ptr") or n.startswith("stride") or n in ("N", "K")]
+    aligned = [n for n in sig if n.endswith("_ptr") or n.startswith("stride") or n in sizes]
     sig.update(dict.fromkeys(consts, "constexpr"))
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)

@@ -16,26 +16,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import tempfile
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from kernels import softmax
+from kernels import launch, softmax
+from kernels.cuda.hgemm_check import parse_ptxas
 
 ARCH = 90
 DTYPES = ("fp16", "bf16", "fp32")
-REPORT = re.compile(
-    r"(?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads.*?"
-    r"Used (?P<regs>\d+) registers",
-    re.S,
-)
 
 
 def _jit(kernel) -> JITFunction:
@@ -44,37 +37,35 @@ def _jit(kernel) -> JITFunction:
 
 
 def forward_report(rows: int, width: int, dtype: str) -> dict:
-    """Registers a thread and spill bytes of the forward kernel for ``[rows, width]`` ``dtype``."""
+    """Registers a thread and spill bytes of the forward kernel for ``[rows, width]`` ``dtype``:
+    ``softmax.launch_config`` and ``parse_ptxas``'s fields."""
     cfg = softmax.launch_config(rows, width)
     if cfg["kernel"] != "fused":
         raise ValueError(
             f"width {width}: the looped kernel runs there; this script reads the fused one"
         )
     fn = _jit(softmax._softmax_kernel)
-    ints = {"n_rows": rows, "n_cols": width, "stride_x_row": width, "stride_y_row": width}
-    sig = {a: ("*" + dtype if a.endswith("_ptr") else "i32") for a in fn.arg_names}
     consts = {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]}
-    sig.update(dict.fromkeys(consts, "constexpr"))
-    # What Triton's launcher specialises on: pointers and integers divisible by 16.
-    aligned = [
-        i for i, a in enumerate(fn.arg_names) if a.endswith("_ptr") or ints.get(a, 1) % 16 == 0
-    ]
-    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    compiled = triton.compile(
-        src, target=GPUTarget("cuda", ARCH, 32), options={"num_warps": cfg["num_warps"]}
+    args = [a for a in fn.arg_names if a not in consts]
+    spec = dict(
+        kernel=fn,
+        signature={a: ("*" + dtype if a.endswith("_ptr") else "i32") for a in args},
+        constexprs=consts,
+        options={"num_warps": cfg["num_warps"]},
     )
+    sizes = tuple(n for n, v in (("n_rows", rows), ("n_cols", width)) if v % 16 == 0)
+    ptx = launch.ptx_as_launched(spec, cc=ARCH, sizes=sizes)
     with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp) / "k.ptx"
-        ptx.write_text(compiled.asm["ptx"])
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
         out = subprocess.run(
-            [get_ptxas(ARCH).path, f"-arch=sm_{ARCH}a", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+            [get_ptxas(ARCH).path, f"-arch=sm_{ARCH}a", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
-    m = REPORT.search(out.stderr)
-    if m is None:
+    report = parse_ptxas(out.stderr)
+    if report["registers"] is None:
         raise RuntimeError(f"no register report in ptxas's output:\n{out.stderr}")
-    return dict(cfg, dtype=dtype, **{k: int(v) for k, v in m.groupdict().items()})
+    return dict(cfg, dtype=dtype, **report)
 
 
 def main() -> None:
@@ -92,8 +83,8 @@ def main() -> None:
         r = forward_report(args.rows, args.width, dtype)
         per_thread = r["BLOCK_M"] * r["BLOCK_N"] // (32 * r["num_warps"])
         print(
-            f"{dtype:5s}  {r['BLOCK_N']:7d}  {r['num_warps']:5d}  {per_thread:13d}  {r['regs']:4d}"
-            f"  {r['stores']:16d}  {r['loads']:15d}"
+            f"{dtype:5s}  {r['BLOCK_N']:7d}  {r['num_warps']:5d}  {per_thread:13d}  {r['registers']:4d}"
+            f"  {r['spill_stores'] or 0:16d}  {r['spill_loads'] or 0:15d}"
         )
 
 
