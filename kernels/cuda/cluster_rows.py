@@ -151,9 +151,7 @@ def use(x: torch.Tensor, op: str, *others: torch.Tensor | None) -> bool:
     """Whether the rows of ``x`` take the cluster kernel of ``op`` (a key of ``WINS``;
     ``others``: the weight and bias, or None). Call it through ``kernels.rows.cluster_path``, the
     one home of the width and row-count thresholds, which it tests first."""
-    if x.dtype not in WINS[op] or clusters_for(x.shape[-1], E_BWD) > MAX_CLUSTER:
-        return False
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or not x.is_cuda:
+    if x.dtype not in WINS[op] or clusters_for(x.shape[-1], E_BWD) > MAX_CLUSTER or not x.is_cuda:
         return False
     if x.ndim > 2 and not x.is_contiguous():
         return False  # leading dimensions that may not flatten into evenly spaced rows
