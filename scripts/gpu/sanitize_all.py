@@ -356,12 +356,14 @@ def main() -> int:
     print(device.describe().splitlines()[0])
     if device.GPU_MODE:
         _run_each_candidate_once()
-    failed = []
+    failed, skipped = [], []
     skip = set(os.environ.get("SANITIZE_SKIP", "").split())
     only = set(os.environ.get("SANITIZE_ONLY", "").split())
     for step in STEPS:
         if step.__name__ in skip or (only and step.__name__ not in only):
-            print(f"skip  {step.__name__} (SANITIZE_SKIP)")
+            why = "SANITIZE_SKIP" if step.__name__ in skip else "SANITIZE_ONLY"
+            print(f"skip  {step.__name__} ({why})")
+            skipped.append(step.__name__)
             continue
         t0 = time.perf_counter()
         torch.manual_seed(0)  # the same inputs on every run: a failure can be replayed
@@ -372,8 +374,10 @@ def main() -> int:
         except Exception:  # noqa: BLE001 - report every kernel, then fail
             failed.append(step.__name__)
             print(f"FAIL  {step.__name__}\n{traceback.format_exc(limit=3)}", flush=True)
+    ran = len(STEPS) - len(skipped)
     print(
-        f"sanitize_all: {len(STEPS) - len(failed)}/{len(STEPS)} ok"
+        f"sanitize_all: {ran - len(failed)}/{ran} ok"
+        + (f", {len(skipped)} of {len(STEPS)} skipped" if skipped else "")
         + (f", failed: {', '.join(failed)}" if failed else "")
     )
     return 1 if failed else 0
