@@ -13,6 +13,10 @@ back-to-back calls of the smallest shape, divided by the count. The GPU finishes
 kernels faster than the host can launch the next, so the figure is the host's cost per call; the
 baseline is the same loop over the PyTorch op.
 
+A memory-bound case over ``DEVICE_ABOVE_BYTES`` is also timed on the device alone, its host work
+hidden, and the printed log gives both fractions of the copy bandwidth: the call's, which the goal
+is set on, and the kernel's.
+
 A case whose kernel raises is recorded as an error row (``ms`` None, the message in ``error``)
 instead of stopping the sweep. ``python -m kernels.bench --only shapes`` runs it;
 ``python -m kernels.shapes --ops softmax_fwd,rms_norm_bwd`` runs a subset.
@@ -71,9 +75,23 @@ def _retime_below() -> float | None:
     return RETIME_BELOW if device.GPU_MODE else None
 
 
-# What a record may carry beyond kernels/bench.py's fields: the configuration a matmul ran and a
-# slow case's second timing. They go to the printed log; the results files keep the common fields.
-EXTRAS = ("config", "retimed")
+# A memory-bound case that moves more than this is also timed on the device alone (``device``: its
+# ms and fraction of the copy bandwidth, kernels.bench.measure's device_only). The sweep's own time
+# counts the host's work beyond the L2 flush that precedes each call, as a model calling the op pays
+# it: a backward's autograd call costs the host about as long as the flush, so at a few hundred MB
+# the two times can differ by tens of µs. Set side by side, they say whether a case below its goal
+# is the kernel's or the host's. On a GPU only.
+DEVICE_ABOVE_BYTES = 32 * 2**20
+
+
+def _device_above() -> int | None:
+    return DEVICE_ABOVE_BYTES if device.GPU_MODE else None
+
+
+# What a record may carry beyond kernels/bench.py's fields: the configuration a matmul ran, a
+# slow case's second timing and a large case's device time. They go to the printed log; the results
+# files keep the common fields.
+EXTRAS = ("config", "retimed", "device")
 
 
 def _common(rec: dict) -> dict:
@@ -362,6 +380,11 @@ def run_case(case: Case, roofs: Roofs) -> dict:
         if below is not None and rec["speedup"] is not None and rec["speedup"] < below:
             again = [bench.measure(f, **work, **TIMING).ms for f in (ours, theirs)]
             rec["retimed"] = {"ms": round(again[0], 6), "baseline_ms": round(again[1], 6)}
+        above = _device_above()
+        if above is not None and case.roof == "copy" and (case.bytes or 0) > above:
+            alone = bench.measure(ours, **work, device_only=True, **TIMING)
+            frac = rec["ceiling_frac"] * rec["ms"] / alone.ms if rec["ceiling_frac"] else None
+            rec["device"] = {"ms": round(alone.ms, 6), "frac": frac and float(f"{frac:.4g}")}
         return rec
     except Exception as e:  # noqa: BLE001  (any failure becomes the case's error row)
         return error_record(case, e)
@@ -450,6 +473,9 @@ def run(
             if "retimed" in rec:
                 again = rec["retimed"]["baseline_ms"] / rec["retimed"]["ms"]
                 extra += f"  retimed: {again:.3f}x"
+            if "device" in rec:
+                alone = rec["device"]
+                extra += f"  copy: {rec['ceiling_frac']}, device alone {alone['frac']}"
             print(f"{rec['bench']:28s} {str(rec['shape']):24s} {rec['dtype']:9s} "
                   f"{'ERROR ' + rec['error'] if 'error' in rec else f'{speed}x'}{extra}", flush=True)  # fmt: skip
         recs.append(rec)

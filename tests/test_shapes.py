@@ -44,10 +44,9 @@ def test_records_are_well_formed(records):
             assert list(r) == FIELDS + ["error"] and r["ms"] is None and r["error"]
             continue
         # A case that tunes itself (matmul) also names the configuration it ran, and on a GPU a
-        # case far slower than its baseline carries its second timing.
-        extra = (["config"] if r["bench"] == "shapes/matmul" else []) + (
-            ["retimed"] if "retimed" in r else []
-        )
+        # case far slower than its baseline carries its second timing, a large one its device time.
+        extra = ["config"] if r["bench"] == "shapes/matmul" else []
+        extra += [k for k in ("retimed", "device") if k in r]
         assert list(r) == FIELDS + extra, r
         assert r["bench"].startswith("shapes/") and r["variant"] == "triton"
         assert (
@@ -88,6 +87,29 @@ def test_a_raising_case_becomes_an_error_row():
     assert rec["bench"] == "shapes/boom" and rec["ms"] is None
     assert rec["error"] == "RuntimeError: kernel exploded"
     assert list(rec) == FIELDS + ["error"]
+
+
+def test_a_large_memory_bound_case_is_also_timed_on_the_device_alone(monkeypatch):
+    monkeypatch.setattr(shapes, "_device_above", lambda: 1000)  # as on a GPU, at 1,000 bytes
+
+    def setup():
+        return (lambda: time.sleep(0.001)), (lambda: None)
+
+    def copy_roof(case):
+        return ("copy", 1.0)  # 1 GB/s
+
+    big = shapes.Case("big", [3, 4], torch.float32, "torch.big", setup, bytes=2000)
+    rec = shapes.run_case(big, roofs=copy_roof)
+    alone = rec["device"]
+    assert set(alone) == {"ms", "frac"} and alone["ms"] > 0
+    # The same bytes over the device-alone time, as a fraction of the same roof.
+    assert alone["frac"] == pytest.approx(rec["ceiling_frac"] * rec["ms"] / alone["ms"], rel=1e-3)
+    assert list(shapes._common(rec)) == FIELDS  # the results files get the common fields only
+    # Small, or not memory-bound: no second timing.
+    small = shapes.Case("small", [3], torch.float32, "torch.small", setup, bytes=1000)
+    assert "device" not in shapes.run_case(small, roofs=copy_roof)
+    mm = shapes.Case("mm", [3], torch.float32, "b", setup, flops=10**6, roof="matmul")
+    assert "device" not in shapes.run_case(mm, roofs=lambda case: ("matmul_float32", 1.0))
 
 
 def test_a_slow_case_is_timed_again(monkeypatch):
