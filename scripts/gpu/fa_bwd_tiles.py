@@ -1,6 +1,6 @@
 """The FlashAttention backward's dK/dV kernel at each tile configuration, both backwards.
 
-    python scripts/gpu/fa_bwd_tiles.py [N] [causal]     (default N = 8192; bf16, d = 128, 2 x 16 heads)
+    python scripts/gpu/fa_bwd_tiles.py [N] [causal] [--d 64]   (default N = 8192; bf16, d = 128, 2 x 16 heads)
 
 Each row launches ``_attn_bwd_dkdv_kernel`` at one configuration (BN key rows per program, BM query
 rows per step, warps, stages) and prints its registers and spills (from Triton's compiled kernel),
@@ -11,6 +11,7 @@ bulk reductions (what ``backward="atomic_dq"`` uses on Hopper). The log of an H1
 results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-fa-bwd-tiles.txt; page 4.12 reads it.
 """
 
+import argparse
 import sys
 
 import torch
@@ -20,15 +21,19 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels import flash_attention as fa
 from kernels.launch import cdiv
 
-B, H, D = 2, 16, 128
-# (BN, BM, warps, stages): the tuned candidates and their neighbours.
+B, H = 2, 16
+# (BN, BM, warps, stages): the tuned candidates and their neighbours, and at d = 64 one more. An
+# ahead-of-time sm_90a compile of the two_kernels dK/dV kernel (no GPU; 2026-12-05) found no spills
+# at d = 64 in any tuned tile (150-218 registers) but 284-1,584 bytes a thread in 128 x 128 (w8) and
+# 128 x 64 (w4 s3): the d = 64 backward does not gain room for larger tiles from its smaller rows.
 CONFIGS = [(64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3),
            (128, 64, 8, 4), (128, 32, 8, 4), (64, 64, 8, 2), (128, 128, 8, 2)]  # fmt: skip
+EXTRA_D64 = [(64, 64, 4, 3)]
 MODES = {"two": (False, False, CONFIGS[:5]), "atomic": (True, False, [(128, 64, 8, 3)]),
          "tma": (True, True, CONFIGS)}  # fmt: skip
 
 
-def main(n: int, causal: bool) -> None:
+def main(n: int, causal: bool, D: int = 128) -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(B, H, n, D, device="cuda", dtype=torch.bfloat16, generator=g)
                    for _ in range(4))  # fmt: skip
@@ -42,11 +47,13 @@ def main(n: int, causal: bool) -> None:
     )
     flops = fa.fwd_flops(B, H, n, n, D, causal) / 2  # one n x n x d matmul
     kernel = fa._attn_bwd_dkdv_kernel.fn
-    print(f"N={n} causal={causal}")
+    print(f"N={n} causal={causal} d={D}")
     print(
         f"{'mode':<7}{'BN':>4}{'BM':>4}{'w':>3}{'s':>3}{'regs':>5}{'spill':>6}{'us':>9}{'TF/s':>7}  err"
     )
     for mode, (atomic, tma, configs) in MODES.items():
+        if D == 64 and mode != "atomic":
+            configs = configs + EXTRA_D64
         for bn, bm, w, s in configs:
             dk, dv = torch.empty_like(k), torch.empty_like(v)
             dq_acc = q.new_zeros(q.shape, dtype=torch.float32) if atomic else lse.new_empty(1)
@@ -93,7 +100,9 @@ def main(n: int, causal: bool) -> None:
 if __name__ == "__main__":
     if not torch.cuda.is_available():
         sys.exit("fa_bwd_tiles: needs a CUDA GPU")
-    main(
-        int(sys.argv[1]) if len(sys.argv) > 1 else 8192,
-        len(sys.argv) > 2 and sys.argv[2] == "causal",
-    )
+    ap = argparse.ArgumentParser()
+    ap.add_argument("n", nargs="?", type=int, default=8192)
+    ap.add_argument("causal", nargs="?", choices=["causal"])
+    ap.add_argument("--d", type=int, default=128, choices=[64, 128], help="head dim")
+    args = ap.parse_args()
+    main(args.n, args.causal == "causal", args.d)
