@@ -384,7 +384,10 @@ def run_case(case: Case, roofs: Roofs) -> dict:
         if above is not None and case.roof == "copy" and (case.bytes or 0) > above:
             alone = bench.measure(ours, **work, device_only=True, **TIMING)
             frac = rec["ceiling_frac"] * rec["ms"] / alone.ms if rec["ceiling_frac"] else None
-            rec["device"] = {"ms": round(alone.ms, 6), "frac": frac and float(f"{frac:.4g}")}
+            rec["device"] = {
+                "ms": round(alone.ms, 6),
+                "frac": float(f"{frac:.4g}") if frac else None,
+            }
         return rec
     except Exception as e:  # noqa: BLE001  (any failure becomes the case's error row)
         return error_record(case, e)

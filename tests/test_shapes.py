@@ -102,8 +102,8 @@ def test_a_large_memory_bound_case_is_also_timed_on_the_device_alone(monkeypatch
     rec = shapes.run_case(big, roofs=copy_roof)
     alone = rec["device"]
     assert set(alone) == {"ms", "frac"} and alone["ms"] > 0
-    # The same bytes over the device-alone time, as a fraction of the same roof.
-    assert alone["frac"] == pytest.approx(rec["ceiling_frac"] * rec["ms"] / alone["ms"], rel=1e-3)
+    # The case's 2,000 bytes over the device-alone time, as a fraction of the 1 GB/s roof.
+    assert alone["frac"] == pytest.approx(2000 / (alone["ms"] * 1e-3) / 1e9, rel=1e-3)
     assert list(shapes._common(rec)) == FIELDS  # the results files get the common fields only
     # Small, or not memory-bound: no second timing.
     small = shapes.Case("small", [3], torch.float32, "torch.small", setup, bytes=1000)
