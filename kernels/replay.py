@@ -1,4 +1,4 @@
-"""Row-wise ops launched from C++: the host path PyTorch's own ops take.
+"""Row-wise ops (and vector add) launched from C++: the host path PyTorch's own ops take.
 
 A decode step or a small training batch calls a norm or a softmax on a few rows, where the kernel
 takes a few µs and the host's work per call decides the time. ``kernels.launch.Launcher`` already
@@ -42,8 +42,9 @@ PTR, I32, I64, F32, NUL = range(5)
 LIKE, NEW, SELECT = range(3)
 SAME_DTYPE, FP32 = -1, 0  # a NEW slot's dtype: its source slot's, or fp32
 N_SLOTS = 16
-# The ops the C++ side keys its plans by.
-RMS_NORM, LAYER_NORM, SOFTMAX = range(3)
+# The ops the C++ side keys its plans by (it reads nothing else into them: a new op needs a number
+# here, not a change there).
+RMS_NORM, LAYER_NORM, SOFTMAX, ADD = range(4)
 
 ENV = "GPU_BRRR_NATIVE"
 NAME = "gpu_brrr_replay"  # the extension's name in torch's build cache

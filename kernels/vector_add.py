@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, roofline
+from kernels import _validate, bench, device, replay, roofline
 from kernels.launch import Launcher, aligned, cdiv
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -56,7 +56,15 @@ def add(
     block_size: int = DEFAULT_BLOCK_SIZE,
     num_warps: int = DEFAULT_NUM_WARPS,
 ) -> torch.Tensor:
-    """``x + y`` elementwise for contiguous float32/float16/bfloat16 tensors of the same shape."""
+    """``x + y`` elementwise for contiguous float32/float16/bfloat16 tensors of the same shape
+    (not differentiable: the result has no autograd history)."""
+    default = block_size == DEFAULT_BLOCK_SIZE and num_warps == DEFAULT_NUM_WARPS
+    # A layout seen before, on a GPU, at the default launch: launched from C++ (kernels.replay),
+    # PyTorch's own host path. Inputs that want a gradient stay here, where the result has none.
+    if default and not _wants_grad(x, y):
+        out = replay.call(replay.ADD, x, y, None, 0.0)
+        if out is not None:
+            return out
     _validate.tensor("x", x, dtypes=SUPPORTED_DTYPES)
     _validate.tensor("y", y, dtypes=SUPPORTED_DTYPES)
     _validate.same("x", x, "y", y)
@@ -73,7 +81,38 @@ def add(
     key = (x.dtype, n, block_size, num_warps, aligned(x), aligned(y))
     _ADD(key, (cdiv(n, block_size),), (x, y, out, n), BLOCK_SIZE=block_size,
          num_warps=num_warps)  # fmt: skip
+    if default and replay.planning(x):
+        replay.build(_native_plan, x, y)
     return out
+
+
+def _wants_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+    )
+
+
+# Slots of the C++ launch path's plan: the inputs x and y, the output.
+_X, _Y, _OUT = 0, 1, 3
+
+
+def _native_plan(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Give kernels.replay this layout's plan (checked inputs only): the launch ``add`` makes at
+    the default block and warps. The plan's forward with and without a gradient is the same; it
+    has no backward (``add`` sends inputs that want a gradient down the Python path)."""
+    n = x.numel()
+    slots = [None] * replay.N_SLOTS
+    slots[_X], slots[_Y] = x, y
+    out = replay.Alloc(replay.LIKE, _OUT, _X)
+    replay.materialize([out], slots)
+    grid = (cdiv(n, DEFAULT_BLOCK_SIZE),)
+    args = (replay.Slot(_X), replay.Slot(_Y), replay.Slot(_OUT), n)
+    meta = dict(BLOCK_SIZE=DEFAULT_BLOCK_SIZE, num_warps=DEFAULT_NUM_WARPS)
+    compiled = _add_kernel.warmup(*replay.real(args, slots), grid=grid, **meta)
+    forward = replay.Program([out], [replay.Step(compiled, grid, args)])
+    no_backward = replay.Program([], [])
+    replay.add(replay.ADD, x, y, None, 0.0, forward, forward, no_backward, _OUT, _OUT + 1,
+               [_X], [])  # fmt: skip
 
 
 def add_ref(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

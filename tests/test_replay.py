@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels import device, norms, replay, softmax
+from kernels import device, norms, replay, softmax, vector_add
 
 # ----------------------------------------------------------------------------- CPU: the encoding
 
@@ -221,6 +221,37 @@ def test_softmax_over_the_last_dim_by_number_is_replayed(python_path_forbidden):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(4096,), (1000,), (3, 5, 4099), (2**20 + 7,)])
+def test_vector_add_replay_matches_python_path_exactly(monkeypatch, shape, dtype):
+    x = torch.randn(shape, device=device.DEVICE, dtype=dtype)
+    y = torch.randn(shape, device=device.DEVICE, dtype=dtype)
+    first = vector_add.add(x, y)  # Python path; it hands C++ the plan
+    n = replay.module().plan_count()
+
+    def forbid(*args, **kwargs):
+        raise AssertionError("the Python path ran: this call was not replayed from C++")
+
+    monkeypatch.setattr(vector_add, "_ADD", forbid)
+    second = vector_add.add(x, y)
+    assert replay.module().plan_count() == n
+    assert (
+        second.dtype == dtype and second.shape == x.shape and second.data_ptr() != first.data_ptr()
+    )
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    torch.testing.assert_close(second, vector_add.add_ref(x, y), rtol=0, atol=0)
+    # Not the default launch, or inputs that want a gradient: the Python path (forbidden here).
+    with pytest.raises(AssertionError, match="not replayed"):
+        vector_add.add(x, y, block_size=1024)
+    with pytest.raises(AssertionError, match="not replayed"):
+        vector_add.add(x.clone().requires_grad_(), y)
+    # A layout never planned still gets the Python path's checks.
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="same shape"):
+        vector_add.add(x, y.flatten()[:-1].clone())
+
+
+@gpu
 def test_replayed_ops_under_cuda_graph_capture():
     x, w, b, _ = norms.make_inputs(8, 4096, torch.bfloat16)
     expected = (norms.rms_norm(x, w), norms.layer_norm(x, w, b), softmax.softmax(x))
@@ -422,3 +453,14 @@ def test_softmax_plan_repeats_the_python_paths_launches(monkeypatch, shape):
     )
     _same_launches(fwd, planned["fwd"], {id(x): 0})
     _same_launches(bwd, planned["bwd"], {id(dy): 4})
+
+
+def test_vector_add_plan_repeats_the_python_paths_launch(monkeypatch):
+    x = torch.randn(5000, device=device.DEVICE)
+    y = torch.randn(5000, device=device.DEVICE)
+    python = _python_launches(monkeypatch, lambda: vector_add.add(x, y))
+    planned = _planned_launches(
+        monkeypatch, [vector_add._add_kernel], lambda: vector_add._native_plan(x, y)
+    )
+    _same_launches(python, planned["fwd"], {id(x): 0, id(y): 1})
+    assert planned["nograd"] == planned["fwd"] and planned["bwd"] == []
