@@ -318,3 +318,30 @@ def test_backward_plans_each_layout_once(monkeypatch, kind, rows, cols):
     for _ in range(2):
         for a, b_ in zip(grads(expanded), want, strict=True):
             torch.testing.assert_close(a, b_, rtol=0, atol=0)
+
+
+def _split_probe():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "norm_bwd_split_probe.py"
+    spec = importlib.util.spec_from_file_location("norm_bwd_split_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    return probe
+
+
+@pytest.mark.parametrize("kind,rows,cols", [("layer_norm", 200, 1024), ("rms_norm", 37, 4096)])
+def test_split_probe_settings_keep_the_gradients(kind, rows, cols):
+    """scripts/gpu/norm_bwd_split_probe.py times the backward with fewer programs (fewer partial
+    rows) and a narrower partial-sums block. Each setting must run what it says (the programs
+    differ) and give the library's gradients, or the probe would time a wrong answer."""
+    probe = _split_probe()
+    res = probe.case(kind, rows, cols, torch.float32, check_only=True)
+    blocks = -(-rows // norms.bwd_config(rows, cols)["BLOCK_M"])
+    want = {-(-blocks // r) for r in probe.ROWS_PER_PROGRAM}
+    assert {p for p in res.values() if p} == want
+    assert len(res) == 1 + 2 * len(probe.ROWS_PER_PROGRAM) + 1
+    from kernels import partial_sums
+
+    assert partial_sums.sum_launch is probe.LIBRARY_SUM_LAUNCH  # put back after each setting

@@ -1,0 +1,146 @@
+"""Where the norms' backward spends its device time at 64 to 4,096 rows, and what the partial sums'
+settings change there.
+
+The shapes sweep has the norm backwards below 0.9 times PyTorch's speed mostly at 512 rows (0.68 to
+0.85 on an H100, 2026-12-05), and times the device alone only above 32 MiB. At 512 rows of 4,096
+the fused backward runs as many programs as the GPU holds at once (2 an SM for the fp32 LayerNorm
+profiled on an H200 at 4,096 columns), each over about 2 rows, and each writes a row of fp32
+partial sums: on an H100, 264 rows of dw (and of db) to add up, as many bytes as a 16-bit x. The
+second launch adds them with 16 programs for each (columns 256 at a time), an eighth of the SMs.
+Two settings move that, and this probe times them on the device alone:
+
+- ``programs``: fewer programs, each over more rows, write fewer partial rows (the dx kernel's
+  parallelism against the sum's work);
+- the sum's column block: 64 instead of 256 runs four times the programs over the same rows.
+
+For each case it prints, in µs of device time (``bench.measure(device_only=True)``, the L2
+flushed before each call): ours called directly under each setting, the library's first (every
+setting's gradients are checked against it before it is timed), then the library's two launches
+alone (the dx kernel, the sum), then ours and PyTorch's through autograd. ``--smoke`` runs tiny shapes (the
+CPU test runs it in the interpreter).
+
+    python scripts/gpu/norm_bwd_split_probe.py [--smoke] [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from kernels import bench, device, norms, partial_sums, shapes
+from kernels.launch import cdiv
+
+SHAPES = [(64, 1024), (512, 1024), (512, 4096), (512, 8192), (4096, 1024), (4096, 4096)]
+SMOKE_SHAPES = [(200, 1024), (37, 4096)]  # 50 and 37 row blocks: partial sums
+ROWS_PER_PROGRAM = (2, 4, 8)  # programs = the row blocks over this, where that is fewer
+SUM_BLOCKS = (256, 64)  # the sum's column block: the library's, and a quarter of it
+TIMING = dict(warmup_ms=10, rep_ms=40)
+LIBRARY_SUM_LAUNCH = partial_sums.sum_launch
+
+
+def device_us(fn) -> float:
+    return bench.measure(fn, device_only=True, **TIMING).ms * 1e3
+
+
+def with_sum_block(block_n: int):
+    """partial_sums.sum_launch with the column block ``block_n`` (sum_stacked looks it up by name)."""
+
+    def launch(shape, dtype, is_aligned=True):
+        key, _, meta = LIBRARY_SUM_LAUNCH(shape, dtype, is_aligned)
+        k, _, n_cols = shape
+        return (*key, block_n), (cdiv(n_cols, block_n), k), dict(meta, BLOCK_N=block_n)
+
+    return launch
+
+
+def case(kind: str, rows: int, cols: int, dtype: torch.dtype, check_only: bool) -> dict:
+    is_rms, eps = kind == "rms_norm", 1e-6 if kind == "rms_norm" else 1e-5
+    x, w, b, dy = norms.make_inputs(rows, cols, dtype)
+    b = None if is_rms else b
+    _, mean, rstd = norms._forward(x, w, b, eps, is_rms)
+    has_bias = b is not None
+    base = norms.bwd_config(rows, cols)
+    assert base["kernel"] == "fused", base  # the in-register backward: up to 8,192 columns
+
+    def direct(cfg):
+        return lambda: norms._backward(dy, x, w, mean, rstd, has_bias, cfg)
+
+    # The settings: (label, programs or None for the library's, the sum's column block).
+    blocks = cdiv(rows, base["BLOCK_M"])
+    settings = [("default", None, SUM_BLOCKS[0])]
+    settings += [(f"rows/program {r}", cdiv(blocks, r), SUM_BLOCKS[0]) for r in ROWS_PER_PROGRAM]
+    settings += [(f"sum block {s}", None, s) for s in SUM_BLOCKS[1:]]
+    settings += [(f"rows/program {r}, sum block {s}", cdiv(blocks, r), s)
+                 for r in ROWS_PER_PROGRAM for s in SUM_BLOCKS[1:]]  # fmt: skip
+    want = direct(base)()
+    out: dict = {}
+    for label, programs, block_n in settings:
+        cfg = dict(base, programs=programs) if programs and programs > 1 else base
+        partial_sums.sum_launch = with_sum_block(block_n)
+        try:
+            fn = direct(cfg)
+            got = fn()
+            for name, g, r in zip(("dx", "dw", "db"), got, want):
+                if r is None:
+                    continue
+                # dx does not depend on the split; dw and db are fp32 sums in another order,
+                # rounded once to the weight's dtype.
+                scale = r.float().abs().max().item()
+                tol = dict(rtol=0, atol=0) if name == "dx" else dict(rtol=2e-2, atol=1e-2 * scale)
+                torch.testing.assert_close(g.float(), r.float(), **tol, msg=f"{label}: {name}")
+            out[label] = cfg["programs"] if check_only else device_us(fn)
+        finally:
+            partial_sums.sum_launch = LIBRARY_SUM_LAUNCH
+    if check_only:
+        return out
+    # The library's two launches alone, and the whole call through autograd, ours and PyTorch's.
+    dx = torch.empty_like(x)
+    strides = (dy.stride(0), x.stride(0), cols)
+    args = (dy, x, w, mean, rstd, dx, has_bias, rows, cols, strides, base)
+    partials = norms._launch_bwd_rows(*args)[1]
+    out["dx kernel"] = device_us(lambda: norms._launch_bwd_rows(*args))
+    out["partial sums"] = device_us(lambda: partial_sums.sum_stacked(partials, dtype))
+    out["partial rows"] = partials.shape[1]
+    leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
+    ours = (lambda: norms.rms_norm(x, w)) if is_rms else (lambda: norms.layer_norm(x, w, b))
+    theirs = ((lambda: torch.nn.functional.rms_norm(x, (cols,), w, eps)) if is_rms
+              else (lambda: torch.nn.functional.layer_norm(x, (cols,), w, b, eps)))  # fmt: skip
+    out["ours (autograd)"] = device_us(shapes.grad_call(ours, leaves, dy))
+    out["torch (autograd)"] = device_us(shapes.grad_call(theirs, leaves, dy))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, gradients checked only")
+    p.add_argument("--dtype", default="bfloat16")
+    args = p.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    print(
+        f"{device.describe().splitlines()[0]}; {args.dtype}; device µs, L2 flushed before each call"
+    )
+    for rows, cols in SMOKE_SHAPES if args.smoke else SHAPES:
+        for kind in ("rms_norm", "layer_norm"):
+            res = case(kind, rows, cols, dtype, check_only=args.smoke)
+            if args.smoke:
+                tried = sorted({p for p in res.values() if p})
+                print(
+                    f"{kind} {rows}x{cols}: the gradients of every setting (programs {tried} and "
+                    f"the library's, sum blocks {SUM_BLOCKS}) match the default's"
+                )
+                continue
+            print(f"\n{kind} [{rows}, {cols}]: {res['partial rows']} partial rows")
+            for label, us in res.items():
+                if label != "partial rows":
+                    print(f"  {label:34s} {us:8.1f}")
+            best = min((k for k in res if k.startswith(("default", "rows/", "sum "))), key=res.get)
+            print(
+                f"  best setting: {best} ({res['default'] / res[best]:.2f}x the default)",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
