@@ -13,6 +13,9 @@ back-to-back calls of the smallest shape, divided by the count. The GPU finishes
 kernels faster than the host can launch the next, so the figure is the host's cost per call; the
 baseline is the same loop over the PyTorch op.
 
+A case slower than its baseline (``RETIME_BELOW``) is timed ``RETIMES`` times, both sides, and
+recorded at the median of each side, so that one slow timing of a few-µs call decides nothing.
+
 A memory-bound case over ``DEVICE_ABOVE_BYTES`` is also timed on the device alone, its host work
 hidden, and the printed log gives both fractions of the copy bandwidth: the call's, which the goal
 is set on, and the kernel's.
@@ -63,12 +66,15 @@ HOST_CALLS = 200
 # Per-measurement time: enough repetitions for a stable median of a µs kernel, short enough that
 # the sweep of ~600 cases runs in minutes.
 TIMING = dict(warmup_ms=10, rep_ms=40)
-# A case this much slower than its baseline is timed again at once, both sides, and the second pair
-# of times kept beside the first (``retimed``): a slow first timing that the second does not repeat
-# was the run (clocks, the host, another process), not the kernel. Matmul sweeps have shown one case
-# 2-10x slow per run, a different one each time, with cuBLAS beside it normal. On a GPU only: in the
-# interpreter every case is that slow.
-RETIME_BELOW = 0.5
+# A case slower than its baseline is timed twice more at once, both sides, and recorded at the median
+# of its three timings on each side (all three go to the log, ``retimed``). A one-off slow timing is
+# the run (clocks, the host, another process), not the kernel: matmul sweeps have shown one case 2-10x
+# slow per run, a different one each time, with cuBLAS beside it normal, and the 2026-12-05 sweep
+# recorded the fp16 RMSNorm backward at 8 x 1,024 at 0.15x, which a sweep later that day put at
+# 1.12x. A slow kernel is slow all three times, so the median keeps it; the threshold covers the
+# goal's 0.9 and the cases just above it. On a GPU only: in the interpreter every case is slow.
+RETIME_BELOW = 1.0
+RETIMES = 3
 
 
 def _retime_below() -> float | None:
@@ -365,6 +371,11 @@ def error_record(case: Case, err: BaseException) -> dict:
     return rec
 
 
+def _median(timings: list[bench.Measurement]) -> bench.Measurement:
+    """The timing with the median time (of an odd count)."""
+    return sorted(timings, key=lambda t: t.ms)[len(timings) // 2]
+
+
 def run_case(case: Case, roofs: Roofs) -> dict:
     """Time one case (ours, then the baseline) into a record; an error row if anything raises."""
     try:
@@ -372,14 +383,22 @@ def run_case(case: Case, roofs: Roofs) -> dict:
         work = dict(bytes=case.bytes, flops=case.flops)
         m = bench.measure(ours, **work, **TIMING)
         base = bench.measure(theirs, **work, **TIMING)
+        retimed = None
+        below = _retime_below()
+        if below is not None and base.ms / m.ms < below:
+            mine, their = [m], [base]
+            for _ in range(RETIMES - 1):
+                mine.append(bench.measure(ours, **work, **TIMING))
+                their.append(bench.measure(theirs, **work, **TIMING))
+            retimed = {"ms": [round(t.ms, 6) for t in mine],
+                       "baseline_ms": [round(t.ms, 6) for t in their]}  # fmt: skip
+            m, base = _median(mine), _median(their)
         rec = bench.record(f"shapes/{case.op}", "triton", case.shape, case.dtype, m,
                            baseline=(case.baseline, base), ceiling=roofs(case))  # fmt: skip
         if config:
             rec["config"] = config[0]()
-        below = _retime_below()
-        if below is not None and rec["speedup"] is not None and rec["speedup"] < below:
-            again = [bench.measure(f, **work, **TIMING).ms for f in (ours, theirs)]
-            rec["retimed"] = {"ms": round(again[0], 6), "baseline_ms": round(again[1], 6)}
+        if retimed:
+            rec["retimed"] = retimed
         above = _device_above()
         if above is not None and case.roof == "copy" and (case.bytes or 0) > above:
             alone = bench.measure(ours, **work, device_only=True, **TIMING)
@@ -474,8 +493,9 @@ def run(
             speed = rec["speedup"]
             extra = f"  [{rec['config']}]" if "config" in rec else ""
             if "retimed" in rec:
-                again = rec["retimed"]["baseline_ms"] / rec["retimed"]["ms"]
-                extra += f"  retimed: {again:.3f}x"
+                r = rec["retimed"]
+                each = ", ".join(f"{b / o:.3f}x" for o, b in zip(r["ms"], r["baseline_ms"]))
+                extra += f"  timed {RETIMES} times: {each} (median recorded)"
             if "device" in rec:
                 alone = rec["device"]
                 extra += f"  copy: {rec['ceiling_frac']}, device alone {alone['frac']}"
