@@ -341,7 +341,8 @@ def test_split_probe_settings_keep_the_gradients(kind, rows, cols):
     blocks = -(-rows // norms.bwd_config(rows, cols)["BLOCK_M"])
     want = {-(-blocks // r) for r in probe.ROWS_PER_PROGRAM}
     assert {p for p in res.values() if p} == want
-    assert len(res) == 1 + 2 * len(probe.ROWS_PER_PROGRAM) + 1
+    r, s = len(probe.ROWS_PER_PROGRAM), len(probe.SUM_BLOCKS) - 1
+    assert len(res) == 1 + r + s + r * s  # the default, each alone, each pair
     from kernels import partial_sums
 
     assert partial_sums.sum_launch is probe.LIBRARY_SUM_LAUNCH  # put back after each setting

@@ -11,7 +11,7 @@ Two settings move that, and this probe times them on the device alone:
 
 - ``programs``: fewer programs, each over more rows, write fewer partial rows (the dx kernel's
   parallelism against the sum's work);
-- the sum's column block: 64 instead of 256 runs four times the programs over the same rows.
+- the sum's column block: 64 or 32 instead of 256 runs 4 or 8 times the programs over the same rows.
 
 For each case it prints, in µs of device time (``bench.measure(device_only=True)``, the L2
 flushed before each call): ours called directly under each setting, the library's first (every
@@ -34,7 +34,7 @@ from kernels.launch import cdiv
 SHAPES = [(64, 1024), (512, 1024), (512, 4096), (512, 8192), (4096, 1024), (4096, 4096)]
 SMOKE_SHAPES = [(200, 1024), (37, 4096)]  # 50 and 37 row blocks: partial sums
 ROWS_PER_PROGRAM = (2, 4, 8)  # programs = the row blocks over this, where that is fewer
-SUM_BLOCKS = (256, 64)  # the sum's column block: the library's, and a quarter of it
+SUM_BLOCKS = (256, 64, 32)  # the sum's column block: the library's, a quarter and an eighth of it
 TIMING = dict(warmup_ms=10, rep_ms=40)
 LIBRARY_SUM_LAUNCH = partial_sums.sum_launch
 
