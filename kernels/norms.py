@@ -722,10 +722,6 @@ class _Norm(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
-def _wants_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """RMSNorm over the last dimension of ``x`` (fp32/fp16/bf16), ``weight`` of x's dtype and
     shape ``[x.shape[-1]]``; fp32 statistics; differentiable with respect to ``x`` and ``weight``."""
@@ -735,7 +731,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     _check(x, weight, None, eps)
     _plan_native(x, weight, None, eps, True)
     # Autograd's bookkeeping costs microseconds per call: pay it only when a gradient is wanted.
-    if _wants_grad(x, weight):
+    if replay.wants_grad(x, weight):
         return _Norm.apply(x, weight, None, eps, True)
     return _forward(x, weight, None, eps, True, stats=False)[0]
 
@@ -750,7 +746,7 @@ def layer_norm(
         return y
     _check(x, weight, bias, eps)
     _plan_native(x, weight, bias, eps, False)
-    if _wants_grad(x, weight, bias):
+    if replay.wants_grad(x, weight, bias):
         return _Norm.apply(x, weight, bias, eps, False)
     return _forward(x, weight, bias, eps, False, stats=False)[0]
 

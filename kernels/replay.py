@@ -15,7 +15,7 @@ parameters, for the forward (with and without the statistics the backward reads)
 backward. Later calls of that layout go straight to C++, which allocates, launches with
 ``cuLaunchKernel`` on the current stream, and records a C++ autograd node whose backward never
 enters Python. A plan names tensors by *slot*: 0, 1, 2 are the op's inputs (x, weight, bias), the
-others what the plan allocates; a kernel parameter is a slot's pointer plus a byte offset, an
+others what the plan allocates (vector add's y sits in slot 1); a kernel parameter is a slot's pointer plus a byte offset, an
 integer, an fp32, or a null pointer.
 
 The extension is built on first use (a C++ compile of about a minute, once per machine: torch
@@ -145,8 +145,18 @@ def module():
 
 
 def enabled() -> bool:
-    """Whether row-wise ops launch from C++ in this process (building the extension if needed)."""
+    """Whether row-wise ops and vector add launch from C++ in this process (building the extension
+    if needed)."""
     return ON and launch.FAST and module() is not None
+
+
+def wants_grad(*tensors) -> bool:
+    """Whether an op's result needs autograd history: grad mode is on and an input requires a
+    gradient (anything not a tensor, an absent bias or a bad argument the op's checks will name,
+    does not)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+    )
 
 
 def planning(x: torch.Tensor) -> bool:

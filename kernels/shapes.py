@@ -72,7 +72,9 @@ TIMING = dict(warmup_ms=10, rep_ms=40)
 # slow per run, a different one each time, with cuBLAS beside it normal, and the 2026-12-05 sweep
 # recorded the fp16 RMSNorm backward at 8 x 1,024 at 0.15x, which a sweep later that day put at
 # 1.12x. A slow kernel is slow all three times, so the median keeps it; the threshold covers the
-# goal's 0.9 and the cases just above it. On a GPU only: in the interpreter every case is slow.
+# goal's 0.9 and the cases just above it. The check is one-sided: a one-off slow baseline that
+# lifted a case from below 0.9 to 1.0 or more (a timing 11% slow or worse) would stand. On a GPU
+# only: in the interpreter every case is slow.
 RETIME_BELOW = 1.0
 RETIMES = 3
 

@@ -58,10 +58,15 @@ def add(
 ) -> torch.Tensor:
     """``x + y`` elementwise for contiguous float32/float16/bfloat16 tensors of the same shape
     (not differentiable: the result has no autograd history)."""
-    default = block_size == DEFAULT_BLOCK_SIZE and num_warps == DEFAULT_NUM_WARPS
     # A layout seen before, on a GPU, at the default launch: launched from C++ (kernels.replay),
-    # PyTorch's own host path. Inputs that want a gradient stay here, where the result has none.
-    if default and not _wants_grad(x, y):
+    # PyTorch's own host path. Inputs that want a gradient stay here, where the result has none,
+    # and leave no plan behind.
+    native = (
+        block_size == DEFAULT_BLOCK_SIZE
+        and num_warps == DEFAULT_NUM_WARPS
+        and not replay.wants_grad(x, y)
+    )
+    if native:
         out = replay.call(replay.ADD, x, y, None, 0.0)
         if out is not None:
             return out
@@ -81,15 +86,9 @@ def add(
     key = (x.dtype, n, block_size, num_warps, aligned(x), aligned(y))
     _ADD(key, (cdiv(n, block_size),), (x, y, out, n), BLOCK_SIZE=block_size,
          num_warps=num_warps)  # fmt: skip
-    if default and replay.planning(x):
+    if native and replay.planning(x):
         replay.build(_native_plan, x, y)
     return out
-
-
-def _wants_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
-    )
 
 
 # Slots of the C++ launch path's plan: the inputs x and y, the output.
@@ -111,6 +110,7 @@ def _native_plan(x: torch.Tensor, y: torch.Tensor) -> None:
     compiled = _add_kernel.warmup(*replay.real(args, slots), grid=grid, **meta)
     forward = replay.Program([out], [replay.Step(compiled, grid, args)])
     no_backward = replay.Program([], [])
+    # No backward: its gradient slot (_OUT + 1) is never read.
     replay.add(replay.ADD, x, y, None, 0.0, forward, forward, no_backward, _OUT, _OUT + 1,
                [_X], [])  # fmt: skip
 

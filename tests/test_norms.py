@@ -331,18 +331,27 @@ def _split_probe():
     return probe
 
 
-@pytest.mark.parametrize("kind,rows,cols", [("layer_norm", 200, 1024), ("rms_norm", 37, 4096)])
-def test_split_probe_settings_keep_the_gradients(kind, rows, cols):
+@pytest.mark.parametrize("kind,rows,cols", [("layer_norm", 48, 1024), ("rms_norm", 12, 4096)])
+def test_split_probe_settings_run_what_they_say_and_keep_the_gradients(kind, rows, cols):
     """scripts/gpu/norm_bwd_split_probe.py times the backward with fewer programs (fewer partial
-    rows) and a narrower partial-sums block. Each setting must run what it says (the programs
-    differ) and give the library's gradients, or the probe would time a wrong answer."""
-    probe = _split_probe()
-    res = probe.case(kind, rows, cols, torch.float32, check_only=True)
-    blocks = -(-rows // norms.bwd_config(rows, cols)["BLOCK_M"])
-    want = {-(-blocks // r) for r in probe.ROWS_PER_PROGRAM}
-    assert {p for p in res.values() if p} == want
-    r, s = len(probe.ROWS_PER_PROGRAM), len(probe.SUM_BLOCKS) - 1
-    assert len(res) == 1 + r + s + r * s  # the default, each alone, each pair
+    rows) and narrower partial-sums blocks. Each setting must reach the kernels (the partial rows
+    the sum is asked for, its block) and give the library's gradients (checked inside ``case``),
+    or the probe would time something other than its label, or a wrong answer."""
     from kernels import partial_sums
 
+    probe = _split_probe()
+    res = probe.case(kind, rows, cols, torch.float32, check_only=True)
+    library_rows, library_block = res["default"]
+    assert library_block == probe.SUM_BLOCKS[0]
+    blocks = -(-rows // norms.bwd_config(rows, cols)["BLOCK_M"])
+    fewer = {r: -(-blocks // r) for r in probe.ROWS_PER_PROGRAM}
+    fewer = {r: p for r, p in fewer.items() if 1 < p < library_rows}
+    assert fewer, "the test's shape leaves no setting with fewer programs"
+    for r, p in fewer.items():
+        assert res[f"rows/program {r}"] == (p, library_block)
+        for s in probe.SUM_BLOCKS[1:]:
+            assert res[f"rows/program {r}, sum block {s}"] == (p, s)
+    for s in probe.SUM_BLOCKS[1:]:
+        assert res[f"sum block {s}"] == (library_rows, s)
+    assert len(res) == (1 + len(fewer)) * len(probe.SUM_BLOCKS)
     assert partial_sums.sum_launch is probe.LIBRARY_SUM_LAUNCH  # put back after each setting

@@ -464,3 +464,21 @@ def test_vector_add_plan_repeats_the_python_paths_launch(monkeypatch):
     )
     _same_launches(python, planned["fwd"], {id(x): 0, id(y): 1})
     assert planned["nograd"] == planned["fwd"] and planned["bwd"] == []
+
+
+def test_vector_add_plans_only_calls_it_can_replay(monkeypatch):
+    """Only a default launch on inputs that want no gradient hands C++ a plan: a call that can never
+    be replayed (another block, or inputs that want a gradient) must not rebuild one each time."""
+    built = []
+    monkeypatch.setattr(replay, "planning", lambda x: True)
+    monkeypatch.setattr(replay, "build", lambda make, *args: built.append(make))
+    x = torch.randn(300, device=device.DEVICE)
+    y = torch.randn(300, device=device.DEVICE)
+    vector_add.add(x.clone().requires_grad_(), y)
+    vector_add.add(x, y, block_size=1024)
+    assert built == []
+    vector_add.add(x, y)
+    assert built == [vector_add._native_plan]
+    with torch.no_grad():  # no gradient wanted in no-grad mode
+        vector_add.add(x.clone().requires_grad_(), y)
+    assert len(built) == 2

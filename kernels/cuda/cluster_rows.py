@@ -42,8 +42,9 @@ E_BWD = 16
 # and exchanged. A ring of 1-3 rows in shared memory, filled with cp.async, was tried against it
 # on an H100 at 4,096 x 65,536 (results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-cluster-rows-
 # stages.txt, against the -tiles.txt run of the code here): RMSNorm's fraction of copy rose by
-# 0.03-0.04 in 16-bit types at 2 stages but fell from 0.77 to 0.64 in fp32, LayerNorm's from 0.62
-# to 0.56, at any depth. Not adopted; what costs fp32 there is not yet profiled.
+# 0.03-0.04 in 16-bit types at 2 stages but fell in fp32 at every depth, from 0.77 to 0.60-0.64,
+# LayerNorm's from 0.62 to 0.51-0.56. Not adopted (branch ring-backward); what costs fp32 there is
+# not yet profiled.
 # The packed kernels (both forwards, softmax's backward) also take an occupancy target OCC, the
 # CTAs an SM must hold (a cap on registers a thread; 0: the compiler's choice). A tile is (E, OCC).
 # An SM holds (CTAs an SM) x (a chunk's bytes) of rows in registers, and with the compiler's choice

@@ -32,8 +32,15 @@ from kernels import bench, device, norms, partial_sums, shapes
 from kernels.launch import cdiv
 
 SHAPES = [(64, 1024), (512, 1024), (512, 4096), (512, 8192), (4096, 1024), (4096, 4096)]
-SMOKE_SHAPES = [(200, 1024), (37, 4096)]  # 50 and 37 row blocks: partial sums
-ROWS_PER_PROGRAM = (2, 4, 8)  # programs = the row blocks over this, where that is fewer
+SMOKE_SHAPES = [
+    (48, 1024),
+    (12, 4096),
+]  # 12 row blocks: partial sums, 4 programs in the interpreter
+ROWS_PER_PROGRAM = (
+    2,
+    4,
+    8,
+)  # programs = the row blocks over this, where that is fewer than the library's
 SUM_BLOCKS = (256, 64, 32)  # the sum's column block: the library's, a quarter and an eighth of it
 TIMING = dict(warmup_ms=10, rep_ms=40)
 LIBRARY_SUM_LAUNCH = partial_sums.sum_launch
@@ -43,12 +50,14 @@ def device_us(fn) -> float:
     return bench.measure(fn, device_only=True, **TIMING).ms * 1e3
 
 
-def with_sum_block(block_n: int):
-    """partial_sums.sum_launch with the column block ``block_n`` (sum_stacked looks it up by name)."""
+def with_sum_block(block_n: int, seen: list):
+    """partial_sums.sum_launch with the column block ``block_n`` (sum_stacked looks it up by name);
+    each call appends (the partial rows it sums, ``block_n``) to ``seen``."""
 
     def launch(shape, dtype, is_aligned=True):
         key, _, meta = LIBRARY_SUM_LAUNCH(shape, dtype, is_aligned)
-        k, _, n_cols = shape
+        k, n_partials, n_cols = shape
+        seen.append((n_partials, block_n))
         return (*key, block_n), (cdiv(n_cols, block_n), k), dict(meta, BLOCK_N=block_n)
 
     return launch
@@ -66,18 +75,25 @@ def case(kind: str, rows: int, cols: int, dtype: torch.dtype, check_only: bool) 
     def direct(cfg):
         return lambda: norms._backward(dy, x, w, mean, rstd, has_bias, cfg)
 
-    # The settings: (label, programs or None for the library's, the sum's column block).
+    dx = torch.empty_like(x)
+    strides = (dy.stride(0), x.stride(0), cols)
+    args = (dy, x, w, mean, rstd, dx, has_bias, rows, cols, strides, base)
+    library_rows = norms._launch_bwd_rows(*args)[1].shape[1]  # the library's programs
+    # The settings: (label, programs or None for the library's, the sum's column block). Fewer
+    # programs only: more than one, and fewer than the library runs.
     blocks = cdiv(rows, base["BLOCK_M"])
+    fewer = [(r, cdiv(blocks, r)) for r in ROWS_PER_PROGRAM if 1 < cdiv(blocks, r) < library_rows]
     settings = [("default", None, SUM_BLOCKS[0])]
-    settings += [(f"rows/program {r}", cdiv(blocks, r), SUM_BLOCKS[0]) for r in ROWS_PER_PROGRAM]
+    settings += [(f"rows/program {r}", p, SUM_BLOCKS[0]) for r, p in fewer]
     settings += [(f"sum block {s}", None, s) for s in SUM_BLOCKS[1:]]
-    settings += [(f"rows/program {r}, sum block {s}", cdiv(blocks, r), s)
-                 for r in ROWS_PER_PROGRAM for s in SUM_BLOCKS[1:]]  # fmt: skip
+    settings += [(f"rows/program {r}, sum block {s}", p, s)
+                 for r, p in fewer for s in SUM_BLOCKS[1:]]  # fmt: skip
     want = direct(base)()
     out: dict = {}
     for label, programs, block_n in settings:
-        cfg = dict(base, programs=programs) if programs and programs > 1 else base
-        partial_sums.sum_launch = with_sum_block(block_n)
+        cfg = dict(base, programs=programs) if programs else base
+        seen: list = []
+        partial_sums.sum_launch = with_sum_block(block_n, seen)
         try:
             fn = direct(cfg)
             got = fn()
@@ -89,15 +105,13 @@ def case(kind: str, rows: int, cols: int, dtype: torch.dtype, check_only: bool) 
                 scale = r.float().abs().max().item()
                 tol = dict(rtol=0, atol=0) if name == "dx" else dict(rtol=2e-2, atol=1e-2 * scale)
                 torch.testing.assert_close(g.float(), r.float(), **tol, msg=f"{label}: {name}")
-            out[label] = cfg["programs"] if check_only else device_us(fn)
+            # What ran: the partial rows the sum was asked for, and its block.
+            out[label] = seen[-1] if check_only else device_us(fn)
         finally:
             partial_sums.sum_launch = LIBRARY_SUM_LAUNCH
     if check_only:
         return out
     # The library's two launches alone, and the whole call through autograd, ours and PyTorch's.
-    dx = torch.empty_like(x)
-    strides = (dy.stride(0), x.stride(0), cols)
-    args = (dy, x, w, mean, rstd, dx, has_bias, rows, cols, strides, base)
     partials = norms._launch_bwd_rows(*args)[1]
     out["dx kernel"] = device_us(lambda: norms._launch_bwd_rows(*args))
     out["partial sums"] = device_us(lambda: partial_sums.sum_stacked(partials, dtype))
@@ -124,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         for kind in ("rms_norm", "layer_norm"):
             res = case(kind, rows, cols, dtype, check_only=args.smoke)
             if args.smoke:
-                tried = sorted({p for p in res.values() if p})
+                tried = sorted({r for r, _ in res.values()})
                 print(
-                    f"{kind} {rows}x{cols}: the gradients of every setting (programs {tried} and "
-                    f"the library's, sum blocks {SUM_BLOCKS}) match the default's"
+                    f"{kind} {rows}x{cols}: the gradients of every setting (partial rows {tried}, "
+                    f"sum blocks {SUM_BLOCKS}) match the default's"
                 )
                 continue
             print(f"\n{kind} [{rows}, {cols}]: {res['partial rows']} partial rows")
