@@ -483,6 +483,9 @@ def run(
     for rec in recs:
         if sink:
             sink(rec)
+        if progress:
+            host = f"  host µs a call: {_us(rec['ms'])}, torch {_us(rec['baseline_ms'])}"
+            print(_line(rec, host), flush=True)
     for case in cases(quick):
         if ops is not None and case.op not in ops:
             continue
@@ -492,7 +495,6 @@ def run(
         if sink:
             sink(rec)
         if progress:
-            speed = rec["speedup"]
             extra = f"  [{rec['config']}]" if "config" in rec else ""
             if "retimed" in rec:
                 r = rec["retimed"]
@@ -501,10 +503,19 @@ def run(
             if "device" in rec:
                 alone = rec["device"]
                 extra += f"  copy: {rec['ceiling_frac']}, device alone {alone['frac']}"
-            print(f"{rec['bench']:28s} {str(rec['shape']):24s} {rec['dtype']:9s} "
-                  f"{'ERROR ' + rec['error'] if 'error' in rec else f'{speed}x'}{extra}", flush=True)  # fmt: skip
+            print(_line(rec, extra), flush=True)
         recs.append(rec)
     return recs
+
+
+def _us(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms * 1e3:.1f}"
+
+
+def _line(rec: dict, extra: str) -> str:
+    """One record of the printed log: case, shape, dtype, speed-up (or the error), then ``extra``."""
+    speed = "ERROR " + rec["error"] if "error" in rec else f"{rec['speedup']}x"
+    return f"{rec['bench']:28s} {str(rec['shape']):24s} {rec['dtype']:9s} {speed}{extra}"
 
 
 @bench.register("shapes")

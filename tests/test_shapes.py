@@ -187,3 +187,12 @@ def test_slowest_is_the_lowest_speedup():
 def test_matmul_records_name_the_configuration_they_ran(records):
     mm = [r for r in records if r["bench"] == "shapes/matmul" and "error" not in r]
     assert mm and all(r["config"].startswith(("TMA", "plain")) for r in mm), mm
+
+
+def test_the_log_prints_host_records_too(capsys):
+    """The printed log carries the host-time rows (a run whose results file is lost keeps them)."""
+    recs = shapes.run(True, {"add"}, progress=True)
+    out = capsys.readouterr().out
+    host = [r for r in recs if r["bench"] == "shapes/add/host"]
+    assert host and "shapes/add/host" in out and "host µs a call" in out
+    assert out.count("\n") >= len(recs)
