@@ -14,9 +14,9 @@ then hands C++ a *plan*: which tensors to allocate and which compiled kernels to
 parameters, for the forward (with and without the statistics the backward reads) and the
 backward. Later calls of that layout go straight to C++, which allocates, launches with
 ``cuLaunchKernel`` on the current stream, and records a C++ autograd node whose backward never
-enters Python. A plan names tensors by *slot*: 0, 1, 2 are the op's inputs (x, weight, bias), the
-others what the plan allocates (vector add's y sits in slot 1); a kernel parameter is a slot's pointer plus a byte offset, an
-integer, an fp32, or a null pointer.
+enters Python. A plan names tensors by *slot*: 0, 1, 2 are the op's inputs (x, weight, bias; vector
+add's y sits in slot 1), the others what the plan allocates; a kernel parameter is a slot's pointer
+plus a byte offset, an integer, an fp32, or a null pointer.
 
 The extension is built on first use (a C++ compile of about a minute, once per machine: torch
 caches it). On a CPU, in the interpreter, without a CUDA toolkit, with ``launch.FAST = False``,

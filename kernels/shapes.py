@@ -66,12 +66,12 @@ HOST_CALLS = 200
 # Per-measurement time: enough repetitions for a stable median of a µs kernel, short enough that
 # the sweep of ~600 cases runs in minutes.
 TIMING = dict(warmup_ms=10, rep_ms=40)
-# A case slower than its baseline is timed twice more at once, both sides, and recorded at the median
-# of its three timings on each side (all three go to the log, ``retimed``). A one-off slow timing is
-# the run (clocks, the host, another process), not the kernel: matmul sweeps have shown one case 2-10x
-# slow per run, a different one each time, with cuBLAS beside it normal, and the 2026-12-05 sweep
-# recorded the fp16 RMSNorm backward at 8 x 1,024 at 0.15x, which a sweep later that day put at
-# 1.12x. A slow kernel is slow all three times, so the median keeps it; the threshold covers the
+# A case slower than its baseline is timed twice more at once, both sides, and recorded at the
+# median of its three timings on each side (all three go to the log, ``retimed``). A one-off slow
+# timing is the run (clocks, the host, another process), not the kernel: matmul sweeps have shown
+# one case 2-10x slow per run, a different one each time, with cuBLAS beside it normal; the 12-05
+# sweep recorded the fp16 RMSNorm backward at 8 x 1,024 at 0.15x, which a sweep later that day put
+# at 1.12x. A slow kernel is slow all three times, so the median keeps it; the threshold covers the
 # goal's 0.9 and the cases just above it. The check is one-sided: a one-off slow baseline that
 # lifted a case from below 0.9 to 1.0 or more (a timing 11% slow or worse) would stand. On a GPU
 # only: in the interpreter every case is slow.
@@ -97,7 +97,7 @@ def _device_above() -> int | None:
 
 
 # What a record may carry beyond kernels/bench.py's fields: the configuration a matmul ran, a
-# slow case's second timing and a large case's device time. They go to the printed log; the results
+# slow case's three timings and a large case's device time. They go to the printed log; the results
 # files keep the common fields.
 EXTRAS = ("config", "retimed", "device")
 

@@ -44,7 +44,7 @@ def test_records_are_well_formed(records):
             assert list(r) == FIELDS + ["error"] and r["ms"] is None and r["error"]
             continue
         # A case that tunes itself (matmul) also names the configuration it ran, and on a GPU a
-        # case far slower than its baseline carries its second timing, a large one its device time.
+        # case slower than its baseline carries its three timings, a large one its device time.
         extra = ["config"] if r["bench"] == "shapes/matmul" else []
         extra += [k for k in ("retimed", "device") if k in r]
         assert list(r) == FIELDS + extra, r
@@ -105,7 +105,7 @@ def test_a_large_memory_bound_case_is_also_timed_on_the_device_alone(monkeypatch
     # The case's 2,000 bytes over the device-alone time, as a fraction of the 1 GB/s roof.
     assert alone["frac"] == pytest.approx(2000 / (alone["ms"] * 1e-3) / 1e9, rel=1e-3)
     assert list(shapes._common(rec)) == FIELDS  # the results files get the common fields only
-    # Small, or not memory-bound: no second timing.
+    # Small, or not memory-bound: no device-alone timing.
     small = shapes.Case("small", [3], torch.float32, "torch.small", setup, bytes=1000)
     assert "device" not in shapes.run_case(small, roofs=copy_roof)
     mm = shapes.Case("mm", [3], torch.float32, "b", setup, flops=10**6, roof="matmul")
