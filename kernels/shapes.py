@@ -455,9 +455,9 @@ def host_cases(quick: bool) -> list[Case]:
     return out + list(_row_cases([1], [w], [dtype]))
 
 
-def host_records(quick: bool) -> list[dict]:
+def host_records(quick: bool, wanted: Callable[[Case], bool] = lambda case: True) -> list[dict]:
     recs = []
-    for case in host_cases(quick):
+    for case in filter(wanted, host_cases(quick)):
         try:
             ours, theirs, *_ = case.setup()
             m, base = host_time(ours), host_time(theirs)
@@ -478,19 +478,20 @@ def run(
 ) -> list[dict]:
     """The sweep's records (only the ``ops`` and ``dtypes`` named, if given), host-time records
     first; ``sink`` receives each record as it is made (a long sweep cut short keeps its rows)."""
+
+    def wanted(case: Case) -> bool:
+        dtype = str(case.dtype).replace("torch.", "")
+        return (ops is None or case.op in ops) and (dtypes is None or dtype in dtypes)
+
     roofs = Roofs()
-    recs = [r for r in host_records(quick) if ops is None or r["bench"].split("/")[1] in ops]
+    recs = host_records(quick, wanted)
     for rec in recs:
         if sink:
             sink(rec)
         if progress:
             host = f"  host µs a call: {_us(rec['ms'])}, torch {_us(rec['baseline_ms'])}"
             print(_line(rec, host), flush=True)
-    for case in cases(quick):
-        if ops is not None and case.op not in ops:
-            continue
-        if dtypes is not None and str(case.dtype).replace("torch.", "") not in dtypes:
-            continue
+    for case in filter(wanted, cases(quick)):
         rec = run_case(case, roofs)
         if sink:
             sink(rec)

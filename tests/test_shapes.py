@@ -196,3 +196,22 @@ def test_the_log_prints_host_records_too(capsys):
     host = [r for r in recs if r["bench"] == "shapes/add/host"]
     assert host and "shapes/add/host" in out and "host µs a call" in out
     assert out.count("\n") >= len(recs)
+
+
+def test_dtype_filter_applies_to_host_records(monkeypatch):
+    """A sweep split by dtype over two calls times each host case once, in the call of its dtype."""
+    timed = []
+    monkeypatch.setattr(
+        shapes,
+        "host_time",
+        lambda fn: timed.append(fn) or bench.Measurement(1e-3, 1e-3, 1e-3, None, None, False),
+    )
+    monkeypatch.setattr(shapes, "cases", lambda quick: [])
+    host = [c for c in shapes.host_cases(True) if c.op == "add"]
+    dtype = str(host[0].dtype).replace("torch.", "")
+    other = ({"float16", "bfloat16", "float32"} - {dtype}).pop()
+    assert shapes.run(True, {"add"}, dtypes={other}) == [] and not timed
+    recs = shapes.run(True, {"add"}, dtypes={dtype})
+    assert [r["bench"] for r in recs] == ["shapes/add/host"] * len(host) and len(timed) == 2 * len(
+        host
+    )
