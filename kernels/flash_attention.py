@@ -77,12 +77,19 @@ IMPLS = ("auto", "triton", "cuda")
 # times on large problems (the winners of a sweep on an H100 at N = 4096 and 16384, head dim 128);
 # SMALL, in order of preference, give the one configuration used on small problems, where timing
 # every candidate would cost more than it saves.
-_FWD_TUNED = [(128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 8, 3)]
+# The last TUNED candidate of each came from a sweep at head dim 64 (on an H100, 2026-12-06, every
+# tile of 64-128 x 32-128 rows, 4 or 8 warps, 2-4 stages, each kernel timed alone; bf16,
+# results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-fa-tiles-d64.txt): (64, 64, 4, 3) ran the d = 64 forward 12-14% faster
+# than the d = 128 winners at 2,048 and 8,192 tokens (1,407 -> 1,234 µs at 2 x 16 x 8,192), and
+# the dK/dV kernel 3-4% faster.
+_FWD_TUNED = [(128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 3)]
 _FWD_SMALL = [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
-_BWD_TUNED = [(128, 64, 8, 3), (64, 64, 4, 2), (64, 32, 4, 3)]
+_BWD_TUNED = [(128, 64, 8, 3), (64, 64, 4, 2), (64, 32, 4, 3), (64, 64, 4, 3)]
 _BWD_SMALL = [(64, 64, 4, 2), (64, 32, 4, 3), (32, 32, 4, 2)]
-# Problems with B * H * Nq * Nk below this use the first SMALL configuration that fits.
-_TUNE_MIN_WORK = 2**28
+# Problems with B * H * Nq * Nk below this use the first SMALL configuration that fits. At 2**27
+# (32 x 16 heads of 512 tokens) the same sweep had the backward's SMALL choice 11% slower than the
+# TUNED candidates' best (397 against 355 µs at d = 64): such a problem is autotuned too.
+_TUNE_MIN_WORK = 2**27
 _AUTOTUNE_KEY = ["N_Q", "N_KV", "HEAD_DIM", "CAUSAL"]
 
 # Warp specialisation (issue 19, item 2): tried and NOT added, Triton 3.6, compiled ahead of time

@@ -240,19 +240,24 @@ def _paged_decode_combine_kernel(
 _COMBINE = Launcher(_paged_decode_combine_kernel)
 
 
-# Programs per SM the default split count aims for. Several waves of equal programs keep the
-# last, partial wave short; a split is never shorter than MIN_SPLIT_TOKENS (below that, writing and
-# merging partial results costs more than the parallelism gains).
-PROGRAMS_PER_SM = 16
-MIN_SPLIT_TOKENS = 256
+# The default split count fills one wave: about one (sequence, kv head, split) program per SM, and
+# one split (no merge kernel) once the pairs alone fill the SMs. A split is never shorter than
+# MIN_SPLIT_TOKENS. Measured on an H100, 2026-12-06 (device time against SDPA on a contiguous
+# cache, bf16, 32 query and 8 kv heads; results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-paged-splits.txt), the old default of
+# 16 programs per SM and splits of at least 256 tokens ran batch 1 x 1,024 tokens in 4 splits at
+# 0.82x (8 splits: 0.95x) and batch 16 x 1,024 in 4 at 0.85x (1 split, 128 programs: 0.95x): past
+# one wave, writing and merging partial outputs costs more than the extra programs gain.
+MIN_SPLIT_TOKENS = 128
+MAX_SPLITS = 64
 
 
 def default_num_splits(n_seqs: int, n_kv_heads: int, max_tokens: int) -> int:
     """Splits per (sequence, kv head) for a batch whose block table holds ``max_tokens`` tokens
-    per sequence: about ``PROGRAMS_PER_SM`` programs per SM in all, at most 64 splits."""
+    per sequence: one program per SM in all (at least one split, at most ``MAX_SPLITS``), each
+    split at least ``MIN_SPLIT_TOKENS`` long."""
     pairs = max(1, n_seqs * n_kv_heads)
-    want = cdiv(PROGRAMS_PER_SM * sm_count(interpreter=4), pairs)
-    return int(max(1, min(want, max_tokens // MIN_SPLIT_TOKENS, 64)))
+    want = sm_count(interpreter=4) // pairs
+    return int(max(1, min(want, max_tokens // MIN_SPLIT_TOKENS, MAX_SPLITS)))
 
 
 def _check_q(q):

@@ -136,6 +136,18 @@ def test_bytes_and_splits_helpers():
     assert 1 <= pa.default_num_splits(64, 8, 32768) <= pa.default_num_splits(1, 8, 32768) <= 64
 
 
+def test_default_splits_fill_one_wave(monkeypatch):
+    """About one program per SM: a single split (no merge kernel) once the (sequence, kv head)
+    pairs fill the SMs; never a split under MIN_SPLIT_TOKENS. The values the H100 probe favoured."""
+    monkeypatch.setattr(pa, "sm_count", lambda interpreter=4: 132)
+    assert pa.default_num_splits(1, 8, 1024) == 8  # 1,024 // 128 tokens caps 132 // 8 = 16
+    assert pa.default_num_splits(16, 8, 1024) == 1  # 128 pairs: one wave already
+    assert pa.default_num_splits(1, 8, 4096) == 16
+    assert pa.default_num_splits(8, 8, 32768) == 2
+    assert pa.default_num_splits(64, 8, 4096) == 1
+    assert pa.default_num_splits(1, 1, 1 << 20) == pa.MAX_SPLITS
+
+
 def test_empty_batch():
     q, k, v, table, lens = _case([5], 2, 1, 16, 4, torch.float16)
     out = pa.paged_decode(q[:0], k, v, table[:0], lens[:0])

@@ -6,7 +6,8 @@ The shapes sweep has the norm backwards below 0.9 times PyTorch's speed mostly a
 the fused backward runs as many programs as the GPU holds at once (2 an SM for the fp32 LayerNorm
 profiled on an H200 at 4,096 columns), each over about 2 rows, and each writes a row of fp32
 partial sums: on an H100, 264 rows of dw (and of db) to add up, as many bytes as a 16-bit x. The
-second launch adds them with 16 programs for each (columns 256 at a time), an eighth of the SMs.
+second launch added them with 16 programs for each (columns 256 at a time), an eighth of the SMs
+(the library now takes 32 columns a program: ``partial_sums.SUM_BLOCK_N``, from this probe).
 Two settings move that, and this probe times them on the device alone:
 
 - ``programs``: fewer programs, each over more rows, write fewer partial rows (the dx kernel's
@@ -41,7 +42,11 @@ ROWS_PER_PROGRAM = (
     4,
     8,
 )  # programs = the row blocks over this, where that is fewer than the library's
-SUM_BLOCKS = (256, 64, 32)  # the sum's column block: the library's, a quarter and an eighth of it
+SUM_BLOCKS = (
+    partial_sums.SUM_BLOCK_N,
+    64,
+    256,
+)  # the sum's column block: the library's, then wider ones
 LIBRARY_SUM_LAUNCH = partial_sums.sum_launch
 
 
