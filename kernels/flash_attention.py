@@ -79,17 +79,18 @@ IMPLS = ("auto", "triton", "cuda")
 # every candidate would cost more than it saves.
 # The last TUNED candidate of each came from a sweep at head dim 64 (on an H100, 2026-12-06, every
 # tile of 64-128 x 32-128 rows, 4 or 8 warps, 2-4 stages, each kernel timed alone; bf16,
-# results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-fa-tiles-d64.txt): (64, 64, 4, 3) ran the d = 64 forward 12-14% faster
-# than the d = 128 winners at 2,048 and 8,192 tokens (1,407 -> 1,234 µs at 2 x 16 x 8,192), and
-# the dK/dV kernel 3-4% faster.
+# results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-fa-tiles-d64.txt): (64, 64, 4, 3) ran the
+# d = 64 forward 12-14% faster than the d = 128 winners at 2,048 and 8,192 tokens (1,407 -> 1,234
+# µs at 2 x 16 x 8,192), and the dK/dV kernel 3-4% faster.
 _FWD_TUNED = [(128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 3)]
 _FWD_SMALL = [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
 _BWD_TUNED = [(128, 64, 8, 3), (64, 64, 4, 2), (64, 32, 4, 3), (64, 64, 4, 3)]
 _BWD_SMALL = [(64, 64, 4, 2), (64, 32, 4, 3), (32, 32, 4, 2)]
-# Problems with B * H * Nq * Nk below this use the first SMALL configuration that fits. At 2**27
-# (32 x 16 heads of 512 tokens) the same sweep had the backward's SMALL choice 11% slower than the
-# TUNED candidates' best (397 against 355 µs at d = 64): such a problem is autotuned too.
-_TUNE_MIN_WORK = 2**27
+# Problems with B * H * Nq * Nk below this use the first SMALL configuration that fits. (2**27 was
+# tried on 2026-12-06: on an H200 the backward at 32 x 16 heads of 512 tokens, d = 64, then ran
+# 1.03x cuDNN, but the forward fell to 0.50x, unexplained; the probe on an H100 had SMALL's first
+# forward tile among the fastest there. Kept at 2**28 until that is understood.)
+_TUNE_MIN_WORK = 2**28
 _AUTOTUNE_KEY = ["N_Q", "N_KV", "HEAD_DIM", "CAUSAL"]
 
 # Warp specialisation (issue 19, item 2): tried and NOT added, Triton 3.6, compiled ahead of time
