@@ -10,6 +10,7 @@
 #   SANITIZE_ONLY="moe_fwd_bwd" runs only the named steps
 #   GPU_TEST_STAGES="pytest" (or "sanitize") runs one stage: on an H100 the suite takes about 19
 #   minutes in one process and the sanitizer about 8, too long together for a 10-minute job
+#   GPU_TEST_PYTEST_LIMIT=SECONDS stops the suite after that long and still writes the log
 #   GPU_TEST_WORKERS=8 (the default where pytest-xdist is installed; 1 turns it off) runs the suite
 #   in that many processes sharing the GPU, each test file in one process; it then takes about 9
 #   minutes on an H100. No test asserts a timing, so sharing the GPU changes no outcome.
@@ -54,8 +55,12 @@ if [[ $stages == *pytest* ]]; then
     $PYTHON -c "import pytest_timeout" 2>/dev/null && opts+=(--timeout "${GPU_TEST_TIMEOUT:-300}")
     workers=${GPU_TEST_WORKERS:-8}
     $PYTHON -c "import xdist" 2>/dev/null && [[ $workers -gt 1 ]] && opts+=(-n "$workers" --dist loadfile)
-    $PYTHON -m pytest -m "not browser" -v -p no:cacheprovider -rfE --durations=12 "${opts[@]}" \
-        --junitxml="$work/junit.xml" "$@" >"$work/pytest.txt" 2>&1
+    # GPU_TEST_PYTEST_LIMIT=SECONDS interrupts the suite after that long (SIGINT: pytest stops
+    # and prints its summary), so that a run under a time limit still writes its log.
+    limit=()
+    [[ ${GPU_TEST_PYTEST_LIMIT:-0} -gt 0 ]] && limit=(timeout -s INT -k 30 "$GPU_TEST_PYTEST_LIMIT")
+    "${limit[@]}" $PYTHON -m pytest -m "not browser" -v -p no:cacheprovider -rfE --durations=12 \
+        "${opts[@]}" --junitxml="$work/junit.xml" "$@" >"$work/pytest.txt" 2>&1
     pytest_rc=$?
 fi
 t1=$(date +%s)
@@ -74,6 +79,10 @@ t2=$(date +%s)
     if [[ $stages == *pytest* ]]; then
         echo "## pytest (exit $pytest_rc, $((t1 - t0)) s)"
         tail -n 1 "$work/pytest.txt"
+        [[ $pytest_rc -eq 124 ]] && echo "cut short: GPU_TEST_PYTEST_LIMIT=$GPU_TEST_PYTEST_LIMIT s reached"
+        # -v writes one line per test as it ends: what ran, even if the summary above is missing.
+        echo "per-test lines: $(grep -cE ' PASSED' "$work/pytest.txt") passed," \
+            "$(grep -cE ' FAILED' "$work/pytest.txt") failed, $(grep -cE ' ERROR' "$work/pytest.txt") errors"
         grep -E '^(FAILED|ERROR) ' "$work/pytest.txt" | cut -c1-240 | head -n 40
         sed -n '/slowest .* durations/,/^$/p' "$work/pytest.txt" | grep -E '^[0-9.]+s ' | head -n 12
     else
