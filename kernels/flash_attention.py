@@ -92,6 +92,17 @@ _BWD_SMALL = [(64, 64, 4, 2), (64, 32, 4, 3), (32, 32, 4, 2)]
 # forward tile among the fastest there. Kept at 2**28 until that is understood.)
 _TUNE_MIN_WORK = 2**28
 _AUTOTUNE_KEY = ["N_Q", "N_KV", "HEAD_DIM", "CAUSAL"]
+# The autotuner keeps one choice per key, and the key holds the sequence lengths, not the batch:
+# so each kernel also takes TUNE (work >= _TUNE_MIN_WORK, computed by the launcher) and has it in
+# its key. Without it the first call of a length decided for every batch: a check at batch 1
+# (SMALL) fixed the tile of the training batch that followed at the same length.
+_TUNE_KEY = [*_AUTOTUNE_KEY, "TUNE"]
+
+
+def _tune_all(batch_heads: int, n_q: int, n_kv: int) -> bool:
+    """Whether a problem is large enough to autotune over TUNED (else SMALL's first fit)."""
+    return batch_heads * n_q * n_kv >= _TUNE_MIN_WORK
+
 
 # Warp specialisation (issue 19, item 2): tried and NOT added, Triton 3.6, compiled ahead of time
 # for GPUTarget("cuda", 90, 32) on a CPU (TRITON_INTERPRET=0), never run on a GPU. The experiment:
@@ -146,16 +157,14 @@ def _fits_smem(
 
 def _pruner(resident: str, streamed: str, tuned: list, small: list, n_resident: int):
     """An ``early_config_prune`` for the autotuner: drop tiles that overflow shared memory
-    (``_fits_smem``), then keep the TUNED candidates for large problems or the first fitting SMALL
-    one for small ones."""
+    (``_fits_smem``), then keep the TUNED candidates for large problems (the kernel's TUNE) or the
+    first fitting SMALL one for small ones."""
 
     def prune(configs, nargs, **kwargs):
         d = kwargs["HEAD_DIM"]
         fits = (c for c in configs if _fits_smem(c, resident, streamed, n_resident, d))
         by_shape = {_tile(c, resident, streamed): c for c in fits}
-        q = nargs["q_ptr"]
-        work = q.shape[0] * q.shape[1] * nargs["N_Q"] * nargs["N_KV"]
-        if work >= _TUNE_MIN_WORK:
+        if kwargs["TUNE"]:
             chosen = [by_shape[t] for t in tuned if t in by_shape]
             if chosen:
                 return chosen
@@ -249,7 +258,7 @@ def _set_kv_blocks(nargs):
 
 @triton.autotune(
     configs=_configs("BLOCK_M", "BLOCK_N", _FWD_TUNED, _FWD_SMALL, hook=_set_kv_blocks),
-    key=_AUTOTUNE_KEY + ["USE_TMA"],
+    key=[*_TUNE_KEY, "USE_TMA"],
     prune_configs_by={
         "early_config_prune": _pruner("BLOCK_M", "BLOCK_N", _FWD_TUNED, _FWD_SMALL, 1)
     },
@@ -271,6 +280,7 @@ def _attn_fwd_kernel(
     HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr,
     USE_TMA: tl.constexpr,
+    TUNE: tl.constexpr,  # only the autotuner reads it (its key): see _TUNE_KEY
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -432,7 +442,7 @@ def _set_dq_block(nargs):
 
 @triton.autotune(
     configs=_configs("BLOCK_N", "BLOCK_M", _BWD_TUNED, _BWD_SMALL, hook=_set_dq_block),
-    key=[*_AUTOTUNE_KEY, "ATOMIC_DQ", "DQ_TMA"],
+    key=[*_TUNE_KEY, "ATOMIC_DQ", "DQ_TMA"],
     prune_configs_by={
         "early_config_prune": _pruner("BLOCK_N", "BLOCK_M", _BWD_TUNED, _BWD_SMALL, 2)
     },
@@ -462,6 +472,7 @@ def _attn_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,  # also add this key tile's dS K into dq_acc (backward="atomic_dq")
     DQ_TMA: tl.constexpr,  # ... by TMA bulk reductions through dq_desc (else tl.atomic_add)
+    TUNE: tl.constexpr,  # only the autotuner reads it (its key): see _TUNE_KEY
     BLOCK_M: tl.constexpr,  # query rows per step of the loop
     BLOCK_N: tl.constexpr,  # key rows owned by this program
 ):
@@ -555,7 +566,7 @@ def _dq_tiles(
 
 @triton.autotune(
     configs=_configs("BLOCK_M", "BLOCK_N", _BWD_TUNED, _BWD_SMALL),
-    key=_AUTOTUNE_KEY,
+    key=_TUNE_KEY,
     prune_configs_by={
         "early_config_prune": _pruner("BLOCK_M", "BLOCK_N", _BWD_TUNED, _BWD_SMALL, 2)
     },
@@ -577,6 +588,7 @@ def _attn_bwd_dq_kernel(
     # meta-parameters
     HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr,
+    TUNE: tl.constexpr,  # only the autotuner reads it (its key): see _TUNE_KEY
     BLOCK_M: tl.constexpr,  # query rows owned by this program
     BLOCK_N: tl.constexpr,  # key rows per step of the loop
 ):
@@ -690,8 +702,9 @@ def _forward(
         return (cdiv(n_q, meta["BLOCK_M"]), B * H)
 
     _attn_fwd_kernel[grid](
-        q, k_src, v_src, o, lse, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma
-    )
+        q, k_src, v_src, o, lse, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma,
+        TUNE=_tune_all(B * H, n_q, n_kv),
+    )  # fmt: skip
     return o, lse
 
 
@@ -709,6 +722,7 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, backward: str 
         torch.empty(q.shape, device=q.device, dtype=torch.float32) if atomic else lse.new_empty(1)
     )
     rows = B * H * n_q
+    tune = _tune_all(B * H, n_q, n_kv)
     pre_block = 64
     _attn_bwd_preprocess_kernel[(cdiv(rows, pre_block),)](
         o, do, delta, dq_acc, rows, HEAD_DIM=D, BLOCK_M=pre_block, ZERO_DQ=atomic
@@ -722,13 +736,13 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, backward: str 
         dq_desc = TensorDescriptor.from_tensor(dq_acc.view(rows, D), [16, D])  # _set_dq_block
     _attn_bwd_dkdv_kernel[lambda meta: (cdiv(n_kv, meta["BLOCK_N"]), B * H)](
         q, k, v, do, lse, delta, dk, dv, dq_acc, dq_desc, sm_scale, n_q, n_kv, HEAD_DIM=D,
-        CAUSAL=causal, ATOMIC_DQ=atomic, DQ_TMA=dq_tma,
+        CAUSAL=causal, ATOMIC_DQ=atomic, DQ_TMA=dq_tma, TUNE=tune,
     )  # fmt: skip
     if atomic:
         dq.copy_(dq_acc)  # fp32 -> fp16/bf16, one launch
     else:
         _attn_bwd_dq_kernel[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), B * H)](
-            q, k, v, do, lse, delta, dq, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal
+            q, k, v, do, lse, delta, dq, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal, TUNE=tune
         )
     return dq, dk, dv
 
@@ -994,7 +1008,7 @@ def _specs(t: str, tiles: dict, options: dict, min_cc: int) -> list[dict]:
     ptr = f"*{t}"
     out = []
     for causal in (False, True):
-        meta = {"HEAD_DIM": d, "CAUSAL": causal}
+        meta = {"HEAD_DIM": d, "CAUSAL": causal, "TUNE": False}
         out += [
             dict(
                 kernel=_attn_fwd_kernel.fn,
@@ -1070,6 +1084,7 @@ def _tma_spec(causal: bool) -> dict:
             "HEAD_DIM": 128,
             "CAUSAL": causal,
             "USE_TMA": True,
+            "TUNE": False,
             "BLOCK_M": 128,
             "BLOCK_N": 64,
         },  # fmt: skip
@@ -1088,6 +1103,7 @@ def _dq_tma_spec(causal: bool) -> dict:
             "CAUSAL": causal,
             "ATOMIC_DQ": True,
             "DQ_TMA": True,
+            "TUNE": False,
             "BLOCK_N": 128,
             "BLOCK_M": 64,
         },  # fmt: skip

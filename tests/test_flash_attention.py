@@ -254,3 +254,28 @@ def test_cuda_graph_capture(causal):
     with torch.no_grad():
         eager, graphed = eager_and_graphed(lambda: fa.attention(q, k, v, causal))
     assert torch.equal(eager, graphed)
+
+
+def test_tuning_choice_is_in_every_autotune_key():
+    """The autotuner keeps one tile per key; a key without the problem's size class let the first
+    call of a length (a batch-1 check: SMALL) choose for a training batch at that length."""
+    for kernel in (fa._attn_fwd_kernel, fa._attn_bwd_dkdv_kernel, fa._attn_bwd_dq_kernel):
+        assert "TUNE" in kernel.keys, kernel.fn.__name__
+    assert not fa._tune_all(1, 8192, 8192)  # 2**26: SMALL
+    assert fa._tune_all(64, 2048, 2048)  # 2**28: every TUNED candidate is timed
+
+
+def test_pruner_follows_the_tune_flag():
+    triton = pytest.importorskip("triton")
+    configs = [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+        for m, n, w, s in dict.fromkeys(fa._FWD_TUNED + fa._FWD_SMALL)
+    ]
+    prune = fa._pruner("BLOCK_M", "BLOCK_N", fa._FWD_TUNED, fa._FWD_SMALL, 1)
+
+    def tiles(tune):
+        kept = prune(configs, {}, HEAD_DIM=64, TUNE=tune)
+        return [fa._tile(c, "BLOCK_M", "BLOCK_N") for c in kept]
+
+    assert tiles(True) == fa._FWD_TUNED  # all fit at d = 64 (in the interpreter: no smem limit)
+    assert tiles(False) == fa._FWD_SMALL[:1]

@@ -73,7 +73,7 @@ def main(n: int, causal: bool, D: int = 128) -> None:
             ):
                 return kernel[(cdiv(n, bn), B * H)](
                     q, k, v, do, lse, delta, dk, dv, dq_acc, dq_desc, sm, n, n, HEAD_DIM=D,
-                    CAUSAL=causal, ATOMIC_DQ=atomic, DQ_TMA=tma, BLOCK_M=bm, BLOCK_N=bn,
+                    CAUSAL=causal, ATOMIC_DQ=atomic, DQ_TMA=tma, TUNE=False, BLOCK_M=bm, BLOCK_N=bn,
                     num_warps=w, num_stages=s,
                 )  # fmt: skip
 
