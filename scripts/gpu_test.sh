@@ -73,7 +73,7 @@ fi
 t2=$(date +%s)
 
 {
-    echo "# make gpu-test, $(date -u '+%F %H:%M') UTC, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo "# make gpu-test, $(date -u '+%F %H:%M') UTC, commit $(scripts/tree_rev.sh)"
     $PYTHON -c "from kernels import device; print(device.describe())"
     echo
     if [[ $stages == *pytest* ]]; then

@@ -45,7 +45,7 @@ rc=$?
 t1=$(date +%s)
 
 {
-    echo "# scripts/run_forced_caps.sh, $(date -u '+%F %H:%M') UTC, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo "# scripts/run_forced_caps.sh, $(date -u '+%F %H:%M') UTC, commit $(scripts/tree_rev.sh)"
     echo "# GPU_BRRR_FORCE_CAPS=$GPU_BRRR_FORCE_CAPS, $n_gpus GPU(s), ${#notebooks[@]} notebooks, $((t1 - t0)) s, exit $rc"
     $PYTHON -c "from kernels import device; print(device.describe())"
     echo
