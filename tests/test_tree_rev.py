@@ -1,6 +1,7 @@
 """scripts/tree_rev.sh, which names the code a dated GPU log ran on (scripts/gpu_test.sh and
 scripts/run_forced_caps.sh put it in their headers)."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,8 +14,8 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
 def _git(repo: Path, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin", "HOME": str(repo)}  # fmt: skip
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(repo)}  # fmt: skip
     return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True,
                           text=True).stdout.strip()  # fmt: skip
 
@@ -44,5 +45,5 @@ def test_outside_a_repository_it_says_so(tmp_path):
     (tmp_path / "scripts").mkdir()
     shutil.copy(SCRIPT, tmp_path / "scripts" / "tree_rev.sh")
     # GIT_CEILING_DIRECTORIES: git must not find a repository above tmp_path either.
-    env = {"PATH": "/usr/bin:/bin", "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)}
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)}
     assert _rev(tmp_path, env) == "?"
