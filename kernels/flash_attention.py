@@ -95,7 +95,8 @@ _AUTOTUNE_KEY = ["N_Q", "N_KV", "HEAD_DIM", "CAUSAL"]
 # The autotuner keeps one choice per key, and the key holds the sequence lengths, not the batch:
 # so each kernel also takes TUNE (work >= _TUNE_MIN_WORK, computed by the launcher) and has it in
 # its key. Without it the first call of a length decided for every batch: a check at batch 1
-# (SMALL) fixed the tile of the training batch that followed at the same length.
+# (SMALL) fixed the tile of the training batch that followed at the same length. (TUNE is a
+# constexpr the body never reads: where both classes meet one length, the same code compiles twice.)
 _TUNE_KEY = [*_AUTOTUNE_KEY, "TUNE"]
 
 
