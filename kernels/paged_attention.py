@@ -243,8 +243,9 @@ _COMBINE = Launcher(_paged_decode_combine_kernel)
 # The default split count fills one wave: about one (sequence, kv head, split) program per SM, and
 # one split (no merge kernel) once the pairs alone fill the SMs. A split is never shorter than
 # MIN_SPLIT_TOKENS. Measured on an H100, 2026-12-06 (device time against SDPA on a contiguous
-# cache, bf16, 32 query and 8 kv heads; results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-paged-splits.txt), the old default of
-# 16 programs per SM and splits of at least 256 tokens ran batch 1 x 1,024 tokens in 4 splits at
+# cache, bf16, 32 query and 8 kv heads;
+# results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-paged-splits.txt), the old default of 16
+# programs per SM and splits of at least 256 tokens ran batch 1 x 1,024 tokens in 4 splits at
 # 0.82x (8 splits: 0.95x) and batch 16 x 1,024 in 4 at 0.85x (1 split, 128 programs: 0.95x): past
 # one wave, writing and merging partial outputs costs more than the extra programs gain.
 MIN_SPLIT_TOKENS = 128

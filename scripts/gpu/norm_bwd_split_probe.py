@@ -42,11 +42,8 @@ ROWS_PER_PROGRAM = (
     4,
     8,
 )  # programs = the row blocks over this, where that is fewer than the library's
-SUM_BLOCKS = (
-    partial_sums.SUM_BLOCK_N,
-    64,
-    256,
-)  # the sum's column block: the library's, then wider ones
+# The sum's column block: the library's, then wider ones.
+SUM_BLOCKS = (partial_sums.SUM_BLOCK_N, 64, 256)
 LIBRARY_SUM_LAUNCH = partial_sums.sum_launch
 
 
