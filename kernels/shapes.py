@@ -23,6 +23,11 @@ is set on, and the kernel's.
 A case whose kernel raises is recorded as an error row (``ms`` None, the message in ``error``)
 instead of stopping the sweep. ``python -m kernels.bench --only shapes`` runs it;
 ``python -m kernels.shapes --ops softmax_fwd,rms_norm_bwd`` runs a subset.
+
+Each record is appended as soon as it is made, so a sweep cut short keeps its rows; the same command
+with ``--resume`` then times only the cases that file has no record of today (error rows are timed
+again). A full sweep that outlasts one sitting (a lent machine's 10-minute call, say) is finished
+that way, within one date, which is what notebook 03b reads.
 """
 
 from __future__ import annotations
@@ -455,9 +460,9 @@ def host_cases(quick: bool) -> list[Case]:
     return out + list(_row_cases([1], [w], [dtype]))
 
 
-def host_records(quick: bool, wanted: Callable[[Case], bool] = lambda case: True) -> list[dict]:
+def host_records(quick: bool, wanted: Callable[..., bool] = lambda case, suffix="": True) -> list:
     recs = []
-    for case in filter(wanted, host_cases(quick)):
+    for case in (c for c in host_cases(quick) if wanted(c, "/host")):
         try:
             ours, theirs, *_ = case.setup()
             m, base = host_time(ours), host_time(theirs)
@@ -468,6 +473,25 @@ def host_records(quick: bool, wanted: Callable[[Case], bool] = lambda case: True
     return recs
 
 
+def case_key(bench_name: str, shape, dtype) -> tuple[str, tuple, str]:
+    """What identifies a case across records: ``(bench, shape, dtype)``, e.g.
+    ``("shapes/matmul", (64, 4096, 4096), "bfloat16")``."""
+    return bench_name, tuple(shape), str(dtype).replace("torch.", "")
+
+
+def recorded_today(path: Path, today: str | None = None) -> set[tuple[str, tuple, str]]:
+    """The cases that ``path`` (a JSONL results file) already has a timed record of, dated today:
+    what ``--resume`` skips. Error rows do not count, so a resumed sweep retries them."""
+    if not path.exists():
+        return set()
+    today = today or datetime.date.today().isoformat()
+    return {
+        case_key(r["bench"], r["shape"], r["dtype"])
+        for r in bench.load_records(path)
+        if r.get("bench", "").startswith("shapes/") and r.get("date") == today and "error" not in r
+    }
+
+
 def run(
     quick: bool,
     ops: set[str] | None = None,
@@ -475,11 +499,15 @@ def run(
     dtypes: set[str] | None = None,
     progress: bool = False,
     sink: Callable[[dict], object] | None = None,
+    done: set[tuple[str, tuple, str]] = frozenset(),
 ) -> list[dict]:
-    """The sweep's records (only the ``ops`` and ``dtypes`` named, if given), host-time records
-    first; ``sink`` receives each record as it is made (a long sweep cut short keeps its rows)."""
+    """The sweep's records (only the ``ops`` and ``dtypes`` named, if given, and not the cases
+    in ``done``, keys as ``case_key`` makes them), host-time records first; ``sink`` receives each
+    record as it is made (a long sweep cut short keeps its rows)."""
 
-    def wanted(case: Case) -> bool:
+    def wanted(case: Case, suffix: str = "") -> bool:  # suffix "/host": the host-time record
+        if case_key(f"shapes/{case.op}{suffix}", case.shape, case.dtype) in done:
+            return False
         dtype = str(case.dtype).replace("torch.", "")
         return (ops is None or case.op in ops) and (dtypes is None or dtype in dtypes)
 
@@ -536,13 +564,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtypes", help="comma-separated dtypes (float16, bfloat16, float32)")
     p.add_argument("--quick", action="store_true", help="one tiny shape per op")
     p.add_argument("--out", help="append the records to this JSONL file instead of results/")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the cases the output file already has a record of today (finish a cut sweep)",
+    )
     args = p.parse_args(argv)
     ops = set(args.ops.split(",")) if args.ops else None
     dtypes = set(args.dtypes.split(",")) if args.dtypes else None
     print(device.describe(), flush=True)
     out = Path(args.out) if args.out else bench.results_path()
+    done = recorded_today(out) if args.resume else set()
+    if args.resume:
+        print(f"resume: {len(done)} cases already recorded today in {out}", flush=True)
     sink = (lambda r: bench.append_records([_common(r)], out)) if device.GPU_MODE else None
-    recs = run(args.quick or not device.GPU_MODE, ops, dtypes=dtypes, progress=True, sink=sink)
+    quick = args.quick or not device.GPU_MODE
+    recs = run(quick, ops, dtypes=dtypes, progress=True, sink=sink, done=done)
     print(bench.format_table(recs))
     worst = slowest(recs)
     if worst:

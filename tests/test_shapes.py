@@ -215,3 +215,40 @@ def test_dtype_filter_applies_to_host_records(monkeypatch):
     assert [r["bench"] for r in recs] == ["shapes/add/host"] * len(host) and len(timed) == 2 * len(
         host
     )
+
+
+def test_resume_skips_what_the_file_has_today_and_retries_errors(tmp_path, monkeypatch):
+    """A sweep cut short is finished by ``--resume``: the cases with a timed record dated today
+    are skipped (host-time records included); yesterday's records and error rows are not."""
+    monkeypatch.setattr(
+        shapes, "host_time", lambda fn: bench.Measurement(1e-3, 1e-3, 1e-3, None, None, False)
+    )
+    first = shapes.run(True, {"add"})
+    host, timed = first[0], first[1]
+    assert host["bench"] == "shapes/add/host" and timed["bench"] == "shapes/add"
+    key = {r["bench"]: shapes.case_key(r["bench"], r["shape"], r["dtype"]) for r in first}
+    today = host["date"]
+
+    path = tmp_path / "sweep.jsonl"
+    failed = dict(timed, ms=None, speedup=None, error="RuntimeError: out of memory")
+    bench.append_records([host, failed], path)
+    assert shapes.recorded_today(path, today) == {key["shapes/add/host"]}
+    again = shapes.run(True, {"add"}, done=shapes.recorded_today(path, today))
+    assert [r["bench"] for r in again] == ["shapes/add"]  # the host case skipped, the error retried
+
+    old = tmp_path / "old.jsonl"
+    bench.append_records([dict(r, date="2000-01-01") for r in first], old)
+    assert shapes.recorded_today(old, today) == set()
+    assert shapes.recorded_today(tmp_path / "missing.jsonl") == set()
+    both = shapes.recorded_today(path, today) | {key["shapes/add"]}
+    assert shapes.run(True, {"add"}, done=both) == []
+
+
+def test_resume_on_the_command_line(tmp_path, capsys):
+    """``--resume`` reads the output file it will append to and says how much it skips."""
+    path = tmp_path / "sweep.jsonl"
+    recs = shapes.run(True, {"add"})
+    bench.append_records(recs, path)
+    assert shapes.main(["--ops", "add", "--resume", "--out", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"resume: {len(recs)} cases already recorded today" in out
