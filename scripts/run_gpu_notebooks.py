@@ -199,30 +199,29 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: the committed outputs must come from a GPU run; stopping.")
         return 2
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    failed = []
     if args.parallel or args.passes > 1:
-        failed = []
         for n in range(1, args.passes + 1):
             failed = run_pass(paths, args, n)
             if failed:
-                print(f"pass {n} of {args.passes} failed: {', '.join(failed)}")
-                return 1
-        if not args.no_bench:
-            subprocess.run([sys.executable, "-m", "kernels.bench"], cwd=ROOT, check=True)
-        return 0
-    failed = []
-    for path in paths:
-        print(f"executing {path} ...", flush=True)
-        try:
-            out = None
-            if args.out_dir is not None:
-                args.out_dir.mkdir(parents=True, exist_ok=True)
-                out = args.out_dir / path.name
-            print(f"  done in {execute(path.resolve(), args.timeout, out):.0f} s", flush=True)
-        except Exception as e:  # nbclient's CellExecutionError carries the cell and traceback
-            if not args.keep_going:
-                raise
-            print(f"  FAILED ({type(e).__name__}); left unchanged:\n{str(e)[-3000:]}", flush=True)
-            failed.append(path.name)
+                print(f"pass {n} of {args.passes} failed")
+                break
+    else:
+        for path in paths:
+            print(f"executing {path} ...", flush=True)
+            try:
+                out = None
+                if args.out_dir is not None:
+                    args.out_dir.mkdir(parents=True, exist_ok=True)
+                    out = args.out_dir / path.name
+                print(f"  done in {execute(path.resolve(), args.timeout, out):.0f} s", flush=True)
+            except Exception as e:  # nbclient's CellExecutionError carries the cell and traceback
+                if not args.keep_going:
+                    raise
+                print(
+                    f"  FAILED ({type(e).__name__}); left unchanged:\n{str(e)[-3000:]}", flush=True
+                )
+                failed.append(path.name)
     if failed:
         print(f"failed: {', '.join(failed)}")
         return 1
