@@ -654,18 +654,19 @@ def run_hgemm(args) -> None:
 FA_N, FA_BH = 8192, (2, 16)  # 2 x 16 heads x 8,192 tokens, d = 128: the goal's regime
 
 
-def fa_cases(smoke: bool) -> list[Case]:
+def fa_cases(smoke: bool, n: int = FA_N, batch: int = FA_BH[0]) -> list[Case]:
     """The forwards (both CUDA schedules, the course's Triton kernel, cuDNN's SDPA) and the
-    backwards (the course's, cuDNN's), causal and not, one call each. A backward case replays the
-    autograd graph of a forward run once beforehand (``retain_graph``), gradients cleared first, so
-    only the backward's kernels run in the profiled region."""
+    backwards (the course's, cuDNN's), causal and not, one call each, at ``batch`` x 16 heads x
+    ``n`` tokens. A backward case replays the autograd graph of a forward run once beforehand
+    (``retain_graph``), gradients cleared first, so only the backward's kernels run in the profiled
+    region."""
     from kernels import flash_attention as fa
     from kernels.cuda import fa_ws
 
-    n = 64 if smoke else FA_N  # smoke: the labels, from interpreter runs kept small
+    n = 64 if smoke else n  # smoke: the labels, from interpreter runs kept small
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator(device=dev).manual_seed(0)
-    q, k, v = (torch.randn(*FA_BH, n, 128, device=dev, dtype=torch.bfloat16, generator=g)
+    q, k, v = (torch.randn(batch, FA_BH[1], n, 128, device=dev, dtype=torch.bfloat16, generator=g)
                for _ in range(3))  # fmt: skip
     do = torch.randn_like(q)
     cases: list[Case] = []
@@ -699,14 +700,14 @@ def run_fa(args) -> None:
     """FlashAttention on Hopper (issue 19): the CUDA forward's schedules, the course's backward."""
     from kernels import flash_attention as fa
 
-    cases = fa_cases(args.smoke)
+    cases = fa_cases(args.smoke, args.n, args.batch)
     if args.smoke:
         print(f"would profile: {', '.join(label for label, _ in cases)}")
         return
     if args.part in ("profile", "all"):
         profile_cases(cases)
     if args.part in ("time", "all"):
-        n, (b, h) = FA_N, FA_BH
+        n, b, h = args.n, args.batch, FA_BH[1]
         print("\ntimings (bench.measure, median; TFLOP/s from fa.fwd_flops, backward 2.5x that):")
         for label, fn in cases:
             causal = label.endswith("causal")
@@ -916,6 +917,11 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--define", nargs="+", default=[], metavar="NAME=VALUE",
                    help=f"build with these defines (e.g. {HGEMM_DEFINES_AB})")  # fmt: skip
     h.add_argument("--build-only", action="store_true", help="build (or load) the extension")
+    f = sub.choices["fa"]
+    f.add_argument("--n", type=int, default=FA_N, help=f"tokens (default {FA_N})")
+    f.add_argument("--batch", type=int, default=FA_BH[0],
+                   help=f"batch of {FA_BH[1]} heads each (default {FA_BH[0]}); the shapes sweep's "
+                        "short case is --n 512 --batch 32")  # fmt: skip
     q = sub.add_parser("ncu-metrics", help="the extra metrics this ncu knows, comma-separated")
     q.add_argument("--ncu", default="ncu")
     s = sub.add_parser("summarize", help="per-kernel summary of an ncu raw-page CSV")

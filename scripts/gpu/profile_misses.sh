@@ -165,13 +165,15 @@ status_of() {
 }
 
 write_topic() {  # TOPIC "PLAIN TAGS" "NCU TAGS": assemble OUTDIR/<date>-<slug>-<topic>.txt
-    local topic=$1 plain=$2 profiled=$3 file tag rep filter status=""
-    file="$OUTDIR/$DATE-$SLUG-$topic.txt"
+    local topic=$1 plain=$2 profiled=$3 file tag rep filter status="" extra=""
+    # fa with FA_ARGS (other shapes) gets a file of its own: "--n 512 --batch 32" -> fa-n512-batch32
+    [[ $topic == fa && -n ${FA_ARGS:-} ]] && extra=$(tr -s ' ' '\n' <<<"$FA_ARGS" | tr -d - | paste -sd '' | sed -E 's/([a-z]+)([0-9]+)/-\1\2/g')
+    file="$OUTDIR/$DATE-$SLUG-$topic$extra.txt"
     filter=${DETAILS[$topic]}
     {
-        echo "# scripts/gpu/profile_misses.sh $topic, $(date -u '+%F %H:%M') UTC, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+        echo "# scripts/gpu/profile_misses.sh $topic, $(date -u '+%F %H:%M') UTC, commit $(scripts/tree_rev.sh)"
         echo "# $GPU_LINE; $NCU_VERSION"
-        echo "# ncu ${NCU_ARGS[*]} --metrics <$(tr ',' '\n' <<<"$METRICS" | grep -c .) extra> $PYTHON $DRIVER $topic --part profile ..."
+        echo "# ncu ${NCU_ARGS[*]} --metrics <$(tr ',' '\n' <<<"$METRICS" | grep -c .) extra> $PYTHON $DRIVER $topic --part profile ${FA_ARGS:-}..."
         [[ -n $METRICS_NOTE ]] && echo "# $METRICS_NOTE"
         for tag in $plain; do
             section "$tag (no profiler): $(status_of "$tag"), ${SEC[$tag]:-?} s"
@@ -244,8 +246,9 @@ topic_mla() {  # MLA first, then DSA's step in processes of its own (it compiles
 }
 
 topic_fa() {
-    run_ncu fa-ncu fa --part profile
-    run_py fa-time fa --part time
+    # FA_ARGS="--n 512 --batch 32": the shapes sweep's short case instead of 2 x 16 x 8,192
+    run_ncu fa-ncu fa --part profile ${FA_ARGS:-}
+    run_py fa-time fa --part time ${FA_ARGS:-}
     write_topic fa "fa-time" "fa-ncu"
 }
 
