@@ -460,7 +460,10 @@ def host_cases(quick: bool) -> list[Case]:
     return out + list(_row_cases([1], [w], [dtype]))
 
 
-def host_records(quick: bool, wanted: Callable[..., bool] = lambda case, suffix="": True) -> list:
+def host_records(
+    quick: bool, wanted: Callable[..., bool] = lambda case, suffix="": True
+) -> list[dict]:
+    """The host-time records of ``host_cases`` that ``wanted(case, "/host")`` keeps."""
     recs = []
     for case in (c for c in host_cases(quick) if wanted(c, "/host")):
         try:

@@ -16,8 +16,9 @@ One after another, the notebooks take about half an hour on an H100. With ``--pa
 its own process on GPUs of its own (``CUDA_VISIBLE_DEVICES``): one GPU, or the number its metadata
 asks for (``"gpu_brrr": {"gpus": 2}``, the multi-GPU labs of Act 5; at most every GPU there is),
 longest first by the cell timings of its last run, so that on an 8-GPU machine the whole book takes
-about as long as its longest notebook. No two notebooks share a GPU, so the timings they print are
-each one GPU's alone. ``--passes 2`` runs everything twice in a row (issue 16: a learner's rerun must
+about as long as its longest notebook. No two notebooks share a GPU, but they do share the host's
+CPUs: the host-bound figures (µs of launch overhead per call) are steadier from a run one notebook
+at a time. ``--passes 2`` runs everything twice in a row (issue 16: a learner's rerun must
 not meet a failed assertion); every pass must pass, and the last one's outputs are kept.
 """
 
