@@ -523,11 +523,14 @@ def run(
             host = f"  host µs a call: {_us(rec['ms'])}, torch {_us(rec['baseline_ms'])}"
             print(_line(rec, host), flush=True)
     for case in filter(wanted, cases(quick)):
+        t0 = time.perf_counter()
         rec = run_case(case, roofs)
         if sink:
             sink(rec)
         if progress:
-            extra = f"  [{rec['config']}]" if "config" in rec else ""
+            # The case's wall time (compiles and autotuning included): where a sweep's minutes go.
+            extra = f"  ({time.perf_counter() - t0:.1f} s)"
+            extra += f"  [{rec['config']}]" if "config" in rec else ""
             if "retimed" in rec:
                 r = rec["retimed"]
                 each = ", ".join(f"{b / o:.3f}x" for o, b in zip(r["ms"], r["baseline_ms"]))

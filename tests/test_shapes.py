@@ -1,6 +1,7 @@
 """The shapes sweep (kernels/shapes.py) end to end on its quick subset: every op, well-formed
 records, ratios that follow from the timings, and failures recorded instead of raised."""
 
+import re
 import time
 
 import pytest
@@ -196,6 +197,8 @@ def test_the_log_prints_host_records_too(capsys):
     host = [r for r in recs if r["bench"] == "shapes/add/host"]
     assert host and "shapes/add/host" in out and "host µs a call" in out
     assert out.count("\n") >= len(recs)
+    timed = [line for line in out.splitlines() if line.startswith("shapes/add ")]
+    assert timed and all(re.search(r"  \(\d+\.\d s\)", line) for line in timed), timed
 
 
 def test_dtype_filter_applies_to_host_records(monkeypatch):
