@@ -128,6 +128,26 @@ def test_persistent_needs_tma():
         matmul.matmul(a, a, persistent=True)
 
 
+@pytest.mark.skipif(device.GPU_MODE, reason="the interpreter's check (GPU: the tests below)")
+@pytest.mark.parametrize(
+    "m, n, k, a_t, b_t",
+    [(100, 88, 80, False, False), (64, 152, 48, False, True), (72, 64, 40, True, False)],
+)
+def test_persistent_tma_kernel_in_the_interpreter(m, n, k, a_t, b_t):
+    """The persistent TMA kernel runs in Triton's interpreter too (fp16: its bf16 dot is wrong):
+    its tile loop (3 programs for 6 to 12 tiles), transposed operands read through their
+    descriptors, ragged edges, and the epilogue that stores each tile as two halves along N (N = 88
+    and 152 end inside a half). Swapping or misplacing a half would put another tile's columns
+    here."""
+    g = torch.Generator().manual_seed(m)
+    a = (torch.randn(k, m, generator=g).t() if a_t else torch.randn(m, k, generator=g)).half()
+    b = (torch.randn(n, k, generator=g).t() if b_t else torch.randn(k, n, generator=g)).half()
+    c = torch.full((m, n), float("nan"), dtype=torch.half)
+    plan = matmul._Plan(True, (32, 32, 16, 2, 4), 1, a_t, b_t, sms=3)
+    matmul._launch(plan, a, b, c, m, n, k)
+    torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=2e-3, atol=2e-2)
+
+
 # ----------------------------------------------------------------------------- GPU only
 
 
