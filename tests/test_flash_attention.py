@@ -240,6 +240,21 @@ def test_tma_and_pointer_paths_agree(n, d, causal):
     assert _rel_err(a, b) < 1e-2
 
 
+@pytest.mark.skipif(device.GPU_MODE, reason="the interpreter's check (GPU: the test above)")
+@pytest.mark.parametrize("causal, n_q, n_kv, d", [(False, 45, 70, 64), (True, 33, 33, 128)])
+def test_tma_forward_in_the_interpreter(monkeypatch, causal, n_q, n_kv, d):
+    """The forward's TMA path (K and V through tensor descriptors, their block shapes set per
+    configuration by a pre-hook) in Triton's interpreter, fp16: lengths that end inside a tile,
+    causal and not. (The atomic backward's TMA reduction has no interpreter support: GPU only.)"""
+    monkeypatch.setattr(fa, "tma_available", lambda *tensors: True)
+    q, k, v = _inputs(1, 2, n_q, n_kv, d, torch.float16, seed=n_q)
+    o, lse = fa._forward(q, k, v, causal, d**-0.5, tma=True)
+    ref = fa.attention_ref(q, k, v, causal)
+    assert _rel_err(o, ref) < TOL[torch.float16]
+    _, lse_pointer = fa._forward(q, k, v, causal, d**-0.5, tma=False)
+    torch.testing.assert_close(lse, lse_pointer, rtol=0, atol=1e-4)
+
+
 @pytest.mark.skipif(device.GPU_MODE, reason="CPU-only check")
 def test_tma_needs_a_hopper_gpu():
     q = _t(1, 2, 8, 64)
