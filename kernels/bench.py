@@ -177,6 +177,11 @@ def host_launch_ms(fn: Callable[[], object], calls: int = 20, rounds: int = 3) -
 # ----------------------------------------------------------------------------- records
 
 
+def dtype_name(dtype) -> str:
+    """A dtype as the results files spell it: ``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).replace("torch.", "")
+
+
 def record(
     bench: str,
     variant: str,
@@ -196,7 +201,7 @@ def record(
         "bench": bench,
         "variant": variant,
         "shape": list(shape),
-        "dtype": str(dtype).replace("torch.", ""),
+        "dtype": dtype_name(dtype),
         "ms": round(m.ms, 6),
         "gbps": None if m.gbps is None else round(m.gbps, 1),
         "tflops": None if m.tflops is None else round(m.tflops, 2),

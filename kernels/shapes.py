@@ -357,7 +357,7 @@ class Roofs:
     def __call__(self, case: Case) -> tuple[str, float]:
         if case.roof == "copy":
             return "copy", self.copy
-        name = str(case.dtype).replace("torch.", "")
+        name = bench.dtype_name(case.dtype)
         if name not in self._peaks:
             self._peaks[name] = roofline.matmul_peak(name).value
         return f"matmul_{name}", self._peaks[name]
@@ -371,7 +371,7 @@ def error_record(case: Case, err: BaseException) -> dict:
          "speedup", "ceiling", "ceiling_frac"],
     )  # fmt: skip
     rec |= dict(bench=f"shapes/{case.op}", variant="triton", shape=list(case.shape))
-    rec |= dict(dtype=str(case.dtype).replace("torch.", ""), baseline=case.baseline)
+    rec |= dict(dtype=bench.dtype_name(case.dtype), baseline=case.baseline)
     rec |= dict(gpu=cap.name, torch=v["torch"], triton=v["triton"], cuda=v["cuda"])
     rec["date"] = datetime.date.today().isoformat()
     rec["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
@@ -479,7 +479,7 @@ def host_records(
 def case_key(bench_name: str, shape, dtype) -> tuple[str, tuple, str]:
     """What identifies a case across records: ``(bench, shape, dtype)``, e.g.
     ``("shapes/matmul", (64, 4096, 4096), "bfloat16")``."""
-    return bench_name, tuple(shape), str(dtype).replace("torch.", "")
+    return bench_name, tuple(shape), bench.dtype_name(dtype)
 
 
 def recorded_today(path: Path, today: str | None = None) -> set[tuple[str, tuple, str]]:
@@ -509,10 +509,12 @@ def run(
     record as it is made (a long sweep cut short keeps its rows)."""
 
     def wanted(case: Case, suffix: str = "") -> bool:  # suffix "/host": the host-time record
-        if case_key(f"shapes/{case.op}{suffix}", case.shape, case.dtype) in done:
-            return False
-        dtype = str(case.dtype).replace("torch.", "")
-        return (ops is None or case.op in ops) and (dtypes is None or dtype in dtypes)
+        dtype = bench.dtype_name(case.dtype)
+        return (
+            (ops is None or case.op in ops)
+            and (dtypes is None or dtype in dtypes)
+            and case_key(f"shapes/{case.op}{suffix}", case.shape, dtype) not in done
+        )
 
     roofs = Roofs()
     recs = host_records(quick, wanted)
@@ -580,8 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = set(args.dtypes.split(",")) if args.dtypes else None
     print(device.describe(), flush=True)
     out = Path(args.out) if args.out else bench.results_path()
-    done = recorded_today(out) if args.resume else set()
+    done = set()
     if args.resume:
+        done = recorded_today(out)
         print(f"resume: {len(done)} cases already recorded today in {out}", flush=True)
     sink = (lambda r: bench.append_records([_common(r)], out)) if device.GPU_MODE else None
     quick = args.quick or not device.GPU_MODE

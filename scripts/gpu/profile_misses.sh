@@ -165,15 +165,15 @@ status_of() {
 }
 
 write_topic() {  # TOPIC "PLAIN TAGS" "NCU TAGS": assemble OUTDIR/<date>-<slug>-<topic>.txt
-    local topic=$1 plain=$2 profiled=$3 file tag rep filter status="" extra=""
+    local topic=$1 plain=$2 profiled=$3 file tag rep filter status="" args=""
     # fa with FA_ARGS (other shapes) gets a file of its own: "--n 512 --batch 32" -> fa-n512-batch32
-    [[ $topic == fa && -n ${FA_ARGS:-} ]] && extra=$(tr -s ' ' '\n' <<<"$FA_ARGS" | tr -d - | paste -sd '' | sed -E 's/([a-z]+)([0-9]+)/-\1\2/g')
-    file="$OUTDIR/$DATE-$SLUG-$topic$extra.txt"
+    [[ $topic == fa ]] && args=${FA_ARGS:-}
+    file="$OUTDIR/$DATE-$SLUG-$topic$(sed -E 's/--([a-z]+) +/-\1/g; s/ //g' <<<"$args").txt"
     filter=${DETAILS[$topic]}
     {
         echo "# scripts/gpu/profile_misses.sh $topic, $(date -u '+%F %H:%M') UTC, commit $(scripts/tree_rev.sh)"
         echo "# $GPU_LINE; $NCU_VERSION"
-        echo "# ncu ${NCU_ARGS[*]} --metrics <$(tr ',' '\n' <<<"$METRICS" | grep -c .) extra> $PYTHON $DRIVER $topic --part profile ${FA_ARGS:-}..."
+        echo "# ncu ${NCU_ARGS[*]} --metrics <$(tr ',' '\n' <<<"$METRICS" | grep -c .) extra> $PYTHON $DRIVER $topic --part profile $args..."
         [[ -n $METRICS_NOTE ]] && echo "# $METRICS_NOTE"
         for tag in $plain; do
             section "$tag (no profiler): $(status_of "$tag"), ${SEC[$tag]:-?} s"
