@@ -25,8 +25,9 @@ Backward. With ``xhat`` the normalised input and ``g = w * dy``, per row
 writes one fp32 row of partial sums, and ``kernels.partial_sums`` adds those partial rows up (no
 atomics, a deterministic result). ``_norm_bwd_kernel`` does this with rows held in registers: read
 ``x`` and ``dy``, write ``dx``, three passes. Rows too wide for that take two kernels:
-``_norm_bwd_stats_kernel`` computes the two row means, then ``_norm_bwd_dx_kernel`` tiles the
-matrix into column chunks, re-reads ``x`` and ``dy`` and writes ``dx`` (five passes).
+``_norm_bwd_stats_kernel`` computes the two row sums in shares, one program per row and column
+chunk, then ``_norm_bwd_dx_kernel`` tiles the matrix into column chunks, adds up each row's shares,
+re-reads ``x`` and ``dy`` and writes ``dx`` (five passes).
 
 On a Hopper GPU, rows wider than 32,768 values (1,024 rows or more) may instead be split across the
 CTAs of a thread-block cluster (``kernels.cuda.cluster_rows``, page 4.5), where that measured
@@ -48,6 +49,7 @@ from kernels.launch import (
     aligned,
     cdiv,
     layout_key,
+    next_power_of_2,
     resident_programs,
     sm_count,
 )
@@ -73,7 +75,12 @@ MAX_FUSED_BLOCK_BWD = 8192
 # Column chunk of the looped and tiled kernels and its warps.
 LOOP_BLOCK = 4096
 LOOP_WARPS = 16
-# Programs per SM of the looped forward: each walks whole rows, every num_programs-th one.
+# Programs per SM of the looped forward: each walks whole rows, every num_programs-th one. On an
+# H100 at 4,096 x 65,536 (scripts/gpu/norm_wide_probe.py, results/profiles/2026-12-06-nvidia-h100-
+# 80gb-hbm3-norm-wide.txt) LayerNorm reached 0.66 of copy in bf16 this way, 0.53 with one program
+# an SM; no other chunk, warp count or programs per SM tried did better, nor taking 2 or 4 rows at
+# a time (each chunk of w and b then loaded once for them: 0.56-0.66). 0.66 is what reading each
+# row twice from memory allows: the second read misses L2.
 LOOP_PROGRAMS_PER_SM = 2
 # Software-pipelining depth of the in-register backward's loop over rows.
 BWD_STAGES = 3
@@ -304,28 +311,28 @@ def _norm_bwd_stats_kernel(
     IS_RMS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # Wide rows, step 1 of 2, one row per program: the two row means of the dx formula,
-    # c1 = mean(g * xhat) and c2 = mean(g) for g = w * dy. Reads x and dy; writes 2 fp32 per row.
+    # Wide rows, step 1 of 2: program (row, j) takes column chunk j of one row and writes its share
+    # of the two row sums of the dx formula, sum(g * xhat) and sum(g) for g = w * dy, to
+    # c1[row, j] and c2[row, j] (fp32). Reads x and dy once. One program per chunk, not per row:
+    # a few rows (a decode step's) still spread over the whole GPU: on an H100 the backward of one
+    # row of 65,536 took 12.5 µs instead of 21.3 (RMSNorm, bf16), of 64 rows 26.5 instead of 31.3;
+    # at 4,096 rows it stayed within 2% (norm_wide_probe.py, results/profiles/2026-12-06-nvidia-
+    # h100-80gb-hbm3-norm-wide.txt). Rows go along the grid's first axis, which has room for
+    # 2^31 - 1 of them; the second has for 65,535.
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x_row
-    dy_row = dy_ptr + row * stride_dy_row
-    cols = tl.arange(0, BLOCK_N)
+    j = tl.program_id(1)
+    offs = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < n_cols
     rstd = tl.load(rstd_ptr + row)
     mean = 0.0
     if not IS_RMS:
         mean = tl.load(mean_ptr + row)
-    s1 = tl.zeros([BLOCK_N], tl.float32)
-    s2 = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
-        offs = start + cols
-        mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_row + offs, mask=mask, other=0.0).to(tl.float32)
-        g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        s1 += g * (x - mean) * rstd
-        s2 += g
-    tl.store(c1_ptr + row, tl.sum(s1, axis=0) / n_cols)
-    tl.store(c2_ptr + row, tl.sum(s2, axis=0) / n_cols)
+    x = tl.load(x_ptr + row * stride_x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + row * stride_dy_row + offs, mask=mask, other=0.0).to(tl.float32)
+    g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    partial = row * tl.num_programs(1) + j
+    tl.store(c1_ptr + partial, tl.sum(g * (x - mean) * rstd, axis=0))
+    tl.store(c2_ptr + partial, tl.sum(g, axis=0))
 
 
 @triton.jit
@@ -352,9 +359,14 @@ def _norm_bwd_dx_kernel(
     IS_RMS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CHUNKS: tl.constexpr,
 ):
     # Wide rows, step 2 of 2: program (j, g) owns column chunk j and every G-th row starting at g.
-    # With c1, c2 known, dx is elementwise; dw and db for chunk j accumulate in registers.
+    # A row's c1 = mean(g * xhat) and c2 = mean(g) are the sums of step 1's per-chunk shares (one
+    # per program along axis 0; CHUNKS is their count rounded up to a power of two). With them dx is
+    # elementwise; dw and db for chunk j accumulate in registers.
+    n_chunks = tl.num_programs(0)
+    shares = tl.arange(0, CHUNKS)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -366,12 +378,15 @@ def _norm_bwd_dx_kernel(
         dy = tl.load(dy_ptr + row64 * stride_dy_row + cols, mask=col_mask, other=0.0)
         dy = dy.to(tl.float32)
         rstd = tl.load(rstd_ptr + row)
+        share = row64 * n_chunks + shares
+        c1 = tl.sum(tl.load(c1_ptr + share, mask=shares < n_chunks, other=0.0), axis=0) / n_cols
         if IS_RMS:
             xhat = x * rstd
-            dx = (dy * w - xhat * tl.load(c1_ptr + row)) * rstd
+            dx = (dy * w - xhat * c1) * rstd
         else:
+            c2 = tl.sum(tl.load(c2_ptr + share, mask=shares < n_chunks, other=0.0), axis=0)
             xhat = (x - tl.load(mean_ptr + row)) * rstd
-            dx = (dy * w - xhat * tl.load(c1_ptr + row) - tl.load(c2_ptr + row)) * rstd
+            dx = (dy * w - xhat * c1 - c2 / n_cols) * rstd
         tl.store(
             dx_ptr + row64 * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask
         )
@@ -411,7 +426,8 @@ def bwd_config(n_rows: int, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_
     cfg = fwd_config(n_rows, n_cols, max_fused_block)
     if cfg["kernel"] == "looped":
         programs = TWO_STEP_PROGRAMS_PER_SM * sm_count(interpreter=2)
-        return dict(cfg, kernel="two-step", programs=programs)
+        chunks = cdiv(n_cols, cfg["BLOCK_N"])
+        return dict(cfg, kernel="two-step", programs=programs, chunks=chunks)
     # x and dy (and xhat, g, two accumulators) per element: twice the forward's warps. From 1,024
     # columns a 3-stage pipeline over rows keeps the next rows' loads in flight while this one is
     # reduced. Measured on an H100, bf16 LayerNorm backward: 0.83 -> 0.94 of the copy bandwidth at
@@ -640,11 +656,11 @@ def _bwd_meta(cfg: dict, is_rms: bool, has_bias: bool) -> dict:
     meta = dict(IS_RMS=is_rms, HAS_BIAS=has_bias, num_warps=cfg["num_warps"])
     if cfg["kernel"] == "fused":
         return meta | dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_STAGES=cfg["stages"])
-    return meta | dict(BLOCK_N=cfg["BLOCK_N"])
+    return meta | dict(BLOCK_N=cfg["BLOCK_N"], CHUNKS=next_power_of_2(cfg["chunks"]))
 
 
 def _bwd_stats_meta(cfg: dict, is_rms: bool) -> dict:
-    """The two-step backward's row-means kernel: its constexprs and warps (grid: one per row)."""
+    """The two-step backward's row-sums kernel: its constexprs and warps (grid: rows x chunks)."""
     return dict(IS_RMS=is_rms, BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"])
 
 
@@ -679,11 +695,11 @@ def _launch_bwd_rows(
             dy, x, weight, mean, rstd, dx, n_rows, n_cols, strides, meta
         )
     else:
-        stats = x.new_empty((2, n_rows), dtype=torch.float32)
+        stats = x.new_empty((2, n_rows, cfg["chunks"]), dtype=torch.float32)
         c1, c2 = stats[0], stats[1]
         _BWD_STATS(
             (*key, is_rms, cfg["BLOCK_N"], cfg["num_warps"]),
-            (n_rows,),
+            (n_rows, cfg["chunks"]),
             (dy, x, weight, mean, rstd, c1, c2, n_cols, *strides[:2]),
             **_bwd_stats_meta(cfg, is_rms),
         )
@@ -828,15 +844,16 @@ def _native_backward(slots, n_rows, n_cols, stride, is_rms, has_bias, cfg) -> re
         )
         kernel, middle = _norm_bwd_kernel, ()
     else:  # two-step: the row means c1, c2 first, then dx by column chunks
-        stats = replay.Alloc(replay.NEW, _C, _X, dtype=replay.FP32, shape=(2, n_rows))
-        allocs.append(stats)
+        shape = (2, n_rows, cfg["chunks"])
+        allocs.append(replay.Alloc(replay.NEW, _C, _X, dtype=replay.FP32, shape=shape))
         replay.materialize(allocs, slots)
-        middle = (S(_C), S(_C, n_rows * 4))
+        middle = (S(_C), S(_C, n_rows * cfg["chunks"] * 4))
         args = (*inputs, *middle, n_cols, *strides[:2])
+        stats_grid = (n_rows, cfg["chunks"])
         compiled = _norm_bwd_stats_kernel.warmup(
-            *replay.real(args, slots), grid=(n_rows,), **_bwd_stats_meta(cfg, is_rms)
+            *replay.real(args, slots), grid=stats_grid, **_bwd_stats_meta(cfg, is_rms)
         )
-        steps.append(replay.Step(compiled, (n_rows,), args))
+        steps.append(replay.Step(compiled, stats_grid, args))
         kernel = _norm_bwd_dx_kernel
     grid, n_partials = _bwd_grid(cfg, n_rows, n_cols, programs)
     grads = replay.Alloc(replay.NEW, _GRADS, _W, shape=(n_grads, n_cols))  # the weight's dtype
@@ -953,7 +970,7 @@ def _compile_specs() -> list[dict]:
             sig |= {"dw_partial_ptr": fptr, "db_partial_ptr": fptr, "n_rows": i32, "n_cols": i32}
             sig |= {"stride_dy_row": i64, "stride_x_row": i64, "stride_dx_row": i64}
             specs.append(
-                _spec(_norm_bwd_dx_kernel, sig, flags | {"BLOCK_N": LOOP_BLOCK},
+                _spec(_norm_bwd_dx_kernel, sig, flags | {"BLOCK_N": LOOP_BLOCK, "CHUNKS": 16},
                       LOOP_WARPS)
             )  # fmt: skip
     return specs

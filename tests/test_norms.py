@@ -355,3 +355,30 @@ def test_split_probe_settings_run_what_they_say_and_keep_the_gradients(kind, row
         assert res[f"sum block {s}"] == (library_rows, s)
     assert len(res) == (1 + len(fewer)) * len(probe.SUM_BLOCKS)
     assert partial_sums.sum_launch is probe.LIBRARY_SUM_LAUNCH  # put back after each setting
+
+
+def test_wide_probe_backward_runs_and_agrees_with_itself():
+    """scripts/gpu/norm_wide_probe.py --smoke times the two-step backward against an ``--old``
+    copy of the module, after checking that both give the same gradients (here the library against
+    itself, in the interpreter on a CPU)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = root / "scripts" / "gpu" / "norm_wide_probe.py"
+    args = [sys.executable, str(script), "--smoke", "--only", "bwd", "--old", "kernels.norms"]
+    out = subprocess.run(
+        args, capture_output=True, text=True, cwd=root, timeout=600, env=_probe_env(root)
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("rms old") == 4 and out.stdout.count("layer old") == 4
+
+
+def _probe_env(root):
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(root))
+    if not device.GPU_MODE:
+        env["TRITON_INTERPRET"] = "1"
+    return env

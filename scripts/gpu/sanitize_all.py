@@ -61,9 +61,9 @@ def norms_fwd_bwd():
     from kernels import norms
 
     # 37 rows: several programs and the partial sums; 7 rows: one program writes dw and db itself;
-    # 16,385 columns: the two-step backward. Each twice: the second call is launched from C++
-    # (kernels.replay) where the extension builds.
-    for rows, cols in [(37, 1000), (7, 1000), (3, 16_385)] * 2:
+    # 16,385 columns: the two-step backward; 40,000: the looped forward too. Each twice: the second
+    # call is launched from C++ (kernels.replay) where the extension builds.
+    for rows, cols in [(37, 1000), (7, 1000), (3, 16_385), (3, 40_000)] * 2:
         x = rnd(rows, cols).requires_grad_()
         w, b = rnd(cols).requires_grad_(), rnd(cols).requires_grad_()
         for name, fn, args in [("rms", norms.rms_norm, (w,)), ("layer", norms.layer_norm, (w, b))]:
