@@ -30,6 +30,31 @@ def test_add_any_launch_config(block_size, num_warps):
     torch.testing.assert_close(out, vector_add.add_ref(x, y), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(
+    "n, dtype, block",
+    [
+        (1024, torch.float32, 512),  # one 16-byte vector a thread at least
+        (1024, torch.bfloat16, 1024),
+        (65536, torch.float32, 512),  # 128 programs for 132 SMs, not 16 of 4,096
+        (65536, torch.bfloat16, 1024),
+        (2**20, torch.float32, 4096),  # enough elements: the large-tensor block
+        (2**28, torch.bfloat16, 4096),
+    ],
+)
+def test_default_block_spreads_a_small_tensor_over_the_sms(monkeypatch, n, dtype, block):
+    monkeypatch.setattr(vector_add, "sm_count", lambda interpreter=1: 132)  # an H100
+    assert vector_add.default_block_size(n, dtype) == block
+
+
+def test_default_block_runs_each_size_correctly():
+    # Sizes that take different default blocks (in the interpreter, 4 "SMs"), one element past a
+    # block boundary each.
+    for n in (513, 4 * 1024 + 1, 16 * 4096 + 3):
+        x = torch.randn(n, device=device.DEVICE)
+        y = torch.randn_like(x)
+        torch.testing.assert_close(vector_add.add(x, y), vector_add.add_ref(x, y), rtol=0, atol=0)
+
+
 def test_add_writes_every_element():
     # Inputs first, then a NaN-filled block of the output's size is freed just before the launch:
     # on a GPU the caching allocator hands that block to `out`, so an element the mask wrongly skips

@@ -53,7 +53,7 @@ def main() -> None:
     print(device.describe())
     for spec in args.cases:
         case = find(spec)
-        ours, theirs, *_ = case.setup()
+        ours, theirs, *config = case.setup()
         print(f"\n{spec} against {case.baseline}: µs per call, {ROUNDS} rounds (ours / torch)")
         print(f"  {'round':>5s}" + "".join(f"{k:>16s}" for k in ("sweep", "device", "cpu", "wall")))
         for r in range(ROUNDS):
@@ -61,6 +61,8 @@ def main() -> None:
             cells = "".join(f"{a[k]:8.1f}/{b[k]:<7.1f}" for k in a)
             ratio = b["sweep"] / a["sweep"]
             print(f"  {r + 1:5d}{cells}  sweep speed-up {ratio:.2f}")
+        if config:  # what ours ran (a case that tunes itself)
+            print(f"  ours ran: {config[0]()}")
 
 
 if __name__ == "__main__":
