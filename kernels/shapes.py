@@ -18,7 +18,9 @@ recorded at the median of each side, so that one slow timing of a few-µs call d
 
 A memory-bound case over ``DEVICE_ABOVE_BYTES`` is also timed on the device alone, its host work
 hidden, and the printed log gives both fractions of the copy bandwidth: the call's, which the goal
-is set on, and the kernel's.
+is set on, and the kernel's; and the kernel's fraction of what a copy as large reaches
+(``Roofs.same_size_copy``), which says how much of a shortfall is the size's rather than the
+kernel's.
 
 A case whose kernel raises is recorded as an error row (``ms`` None, the message in ``error``)
 instead of stopping the sweep. ``python -m kernels.bench --only shapes`` runs it;
@@ -348,11 +350,28 @@ def cases(quick: bool) -> list[Case]:
 
 
 class Roofs:
-    """The ceilings, measured once per run: copy bandwidth and the matmul peak of each dtype."""
+    """The ceilings, measured once per run: copy bandwidth and the matmul peak of each dtype; and,
+    for the device-alone timings, the bandwidth of a copy as large as a case."""
 
     def __init__(self):
         self.copy = roofline.copy_bandwidth().value
         self._peaks: dict = {}
+        self._copies: dict = {}
+
+    def same_size_copy(self, nbytes: int) -> float:
+        """GB/s of a device-to-device copy that moves ``nbytes`` in all (half read, half written),
+        timed as the device-alone cases are (``device_only``, L2 flushed); once per size. The
+        goal's roof is the 1-GiB copy of ``copy``; set beside it, this says how much of a shortfall
+        a copy of that size has too: at tens of MiB a kernel's launch and its last wave weigh more
+        than at 1 GiB (the 12-06 sweep had torch.add over 2^24 bf16 values, 96 MiB, at 0.85 of
+        the 1-GiB copy)."""
+        if nbytes not in self._copies:
+            n = max(nbytes // 8, 1)  # fp32 values on each side
+            src = torch.randn(n, device=device.DEVICE)
+            dst = torch.empty_like(src)
+            m = bench.measure(lambda: dst.copy_(src), bytes=2 * n * 4, device_only=True, **TIMING)
+            self._copies[nbytes] = m.gbps
+        return self._copies[nbytes]
 
     def __call__(self, case: Case) -> tuple[str, float]:
         if case.roof == "copy":
@@ -410,9 +429,11 @@ def run_case(case: Case, roofs: Roofs) -> dict:
         if above is not None and case.roof == "copy" and (case.bytes or 0) > above:
             alone = bench.measure(ours, **work, device_only=True, **TIMING)
             frac = rec["ceiling_frac"] * rec["ms"] / alone.ms if rec["ceiling_frac"] else None
+            same = case.bytes / (alone.ms * 1e-3) / 1e9 / roofs.same_size_copy(case.bytes)
             rec["device"] = {
                 "ms": round(alone.ms, 6),
                 "frac": float(f"{frac:.4g}") if frac else None,
+                "same_size_copy_frac": float(f"{same:.4g}"),
             }
         return rec
     except Exception as e:  # noqa: BLE001  (any failure becomes the case's error row)
@@ -540,6 +561,7 @@ def run(
             if "device" in rec:
                 alone = rec["device"]
                 extra += f"  copy: {rec['ceiling_frac']}, device alone {alone['frac']}"
+                extra += f" ({alone['same_size_copy_frac']} of a copy as large)"
             print(_line(rec, extra), flush=True)
         recs.append(rec)
     return recs

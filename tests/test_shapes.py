@@ -96,15 +96,27 @@ def test_a_large_memory_bound_case_is_also_timed_on_the_device_alone(monkeypatch
     def setup():
         return (lambda: time.sleep(0.001)), (lambda: None)
 
-    def copy_roof(case):
-        return ("copy", 1.0)  # 1 GB/s
+    class CopyRoof:
+        asked = []
 
+        def __call__(self, case):
+            return ("copy", 1.0)  # 1 GB/s
+
+        def same_size_copy(self, nbytes):
+            self.asked.append(nbytes)
+            return 0.5  # a copy as large as the case: 0.5 GB/s
+
+    copy_roof = CopyRoof()
     big = shapes.Case("big", [3, 4], torch.float32, "torch.big", setup, bytes=2000)
     rec = shapes.run_case(big, roofs=copy_roof)
     alone = rec["device"]
-    assert set(alone) == {"ms", "frac"} and alone["ms"] > 0
-    # The case's 2,000 bytes over the device-alone time, as a fraction of the 1 GB/s roof.
-    assert alone["frac"] == pytest.approx(2000 / (alone["ms"] * 1e-3) / 1e9, rel=1e-3)
+    assert set(alone) == {"ms", "frac", "same_size_copy_frac"} and alone["ms"] > 0
+    # The case's 2,000 bytes over the device-alone time, as a fraction of the 1 GB/s roof, and of
+    # the 0.5 GB/s of a 2,000-byte copy.
+    gbps = 2000 / (alone["ms"] * 1e-3) / 1e9
+    assert alone["frac"] == pytest.approx(gbps, rel=1e-3)
+    assert alone["same_size_copy_frac"] == pytest.approx(gbps / 0.5, rel=1e-3)
+    assert copy_roof.asked == [2000]
     assert list(shapes._common(rec)) == FIELDS  # the results files get the common fields only
     # Small, or not memory-bound: no device-alone timing.
     small = shapes.Case("small", [3], torch.float32, "torch.small", setup, bytes=1000)
@@ -255,3 +267,19 @@ def test_resume_on_the_command_line(tmp_path, capsys):
     assert shapes.main(["--ops", "add", "--resume", "--out", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"resume: {len(recs)} cases already recorded today" in out
+
+
+def test_same_size_copy_is_measured_once_per_size(monkeypatch):
+    calls = []
+    real = shapes.bench.measure
+
+    def measure(fn, **kw):
+        calls.append(kw.get("bytes"))
+        return real(fn, **kw)
+
+    roofs = shapes.Roofs()
+    monkeypatch.setattr(shapes.bench, "measure", measure)
+    first = roofs.same_size_copy(8000)
+    assert first > 0 and roofs.same_size_copy(8000) == first
+    roofs.same_size_copy(16000)
+    assert calls == [8000, 16000]  # a copy of 1,000 fp32 values each way, then of 2,000
