@@ -362,9 +362,9 @@ def _norm_bwd_dx_kernel(
     CHUNKS: tl.constexpr,
 ):
     # Wide rows, step 2 of 2: program (j, g) owns column chunk j and every G-th row starting at g.
-    # A row's c1 = mean(g * xhat) and c2 = mean(g) are the sums of step 1's per-chunk shares (one
-    # per program along axis 0; CHUNKS is their count rounded up to a power of two). With them dx is
-    # elementwise; dw and db for chunk j accumulate in registers.
+    # A row's c1 = mean(g * xhat) and c2 = mean(g) are the sums of step 1's shares, one per column
+    # chunk, as many as this grid's axis 0 (CHUNKS: that count rounded up to a power of two). With
+    # them dx is elementwise; dw and db for chunk j accumulate in registers.
     n_chunks = tl.num_programs(0)
     shares = tl.arange(0, CHUNKS)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -843,7 +843,7 @@ def _native_backward(slots, n_rows, n_cols, stride, is_rms, has_bias, cfg) -> re
             *replay.real((*inputs, S(_DX)), slots), n_rows, n_cols, strides, meta
         )
         kernel, middle = _norm_bwd_kernel, ()
-    else:  # two-step: the row means c1, c2 first, then dx by column chunks
+    else:  # two-step: the row sums' shares first, then dx by column chunks
         shape = (2, n_rows, cfg["chunks"])
         allocs.append(replay.Alloc(replay.NEW, _C, _X, dtype=replay.FP32, shape=shape))
         replay.materialize(allocs, slots)
