@@ -31,13 +31,14 @@ class Ceiling:
 
 
 @functools.cache
-def copy_bandwidth(n_bytes: int | None = None) -> Ceiling:
-    """Device-to-device copy of ``n_bytes`` (default 1 GiB on a GPU, 4 MiB on CPU)."""
+def copy_bandwidth(n_bytes: int | None = None, device_only: bool = False) -> Ceiling:
+    """Device-to-device copy of ``n_bytes`` (default 1 GiB on a GPU, 4 MiB on CPU); with
+    ``device_only``, timed with the host's launch cost kept out (``bench.measure``'s)."""
     n_bytes = n_bytes or device.pick(2**30, 2**22)
     n = n_bytes // 4
     src = torch.randn(n, device=device.DEVICE)
     dst = torch.empty_like(src)
-    m = bench.measure(lambda: dst.copy_(src), bytes=2 * n * 4)
+    m = bench.measure(lambda: dst.copy_(src), bytes=2 * n * 4, device_only=device_only)
     return Ceiling("copy", m.gbps, (n,), "float32", m)
 
 

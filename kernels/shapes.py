@@ -356,22 +356,15 @@ class Roofs:
     def __init__(self):
         self.copy = roofline.copy_bandwidth().value
         self._peaks: dict = {}
-        self._copies: dict = {}
 
     def same_size_copy(self, nbytes: int) -> float:
         """GB/s of a device-to-device copy that moves ``nbytes`` in all (half read, half written),
-        timed as the device-alone cases are (``device_only``, L2 flushed); once per size. The
-        goal's roof is the 1-GiB copy of ``copy``; set beside it, this says how much of a shortfall
-        a copy of that size has too: at tens of MiB a kernel's launch and its last wave weigh more
-        than at 1 GiB (the 12-06 sweep had torch.add over 2^24 bf16 values, 96 MiB, at 0.85 of
-        the 1-GiB copy)."""
-        if nbytes not in self._copies:
-            n = max(nbytes // 8, 1)  # fp32 values on each side
-            src = torch.randn(n, device=device.DEVICE)
-            dst = torch.empty_like(src)
-            m = bench.measure(lambda: dst.copy_(src), bytes=2 * n * 4, device_only=True, **TIMING)
-            self._copies[nbytes] = m.gbps
-        return self._copies[nbytes]
+        timed as the device-alone cases are (``device_only``); ``roofline.copy_bandwidth`` keeps
+        one measurement per size. The goal's roof is the 1-GiB copy of ``copy``; set beside it,
+        this says how much of a shortfall a copy of that size has too: at tens of MiB a kernel's
+        launch and its last wave weigh more than at 1 GiB (the 12-06 sweep had torch.add over 2^24
+        bf16 values, 96 MiB, at 0.85 of the 1-GiB copy)."""
+        return roofline.copy_bandwidth(nbytes // 2, device_only=True).value
 
     def __call__(self, case: Case) -> tuple[str, float]:
         if case.roof == "copy":

@@ -91,7 +91,8 @@ def add(
     n = x.numel()
     if n == 0:
         return out
-    block_size = block_size or default_block_size(n, x.dtype)
+    if block_size is None:
+        block_size = default_block_size(n, x.dtype)
     # The key fixes what the binary depends on (out is new and aligned); later calls of the same
     # size skip Triton's argument binding (see kernels.launch.Launcher).
     key = (x.dtype, n, block_size, num_warps, aligned(x), aligned(y))

@@ -277,6 +277,7 @@ def test_same_size_copy_is_measured_once_per_size(monkeypatch):
         calls.append(kw.get("bytes"))
         return real(fn, **kw)
 
+    shapes.roofline.copy_bandwidth.cache_clear()  # no size measured by an earlier test
     roofs = shapes.Roofs()
     monkeypatch.setattr(shapes.bench, "measure", measure)
     first = roofs.same_size_copy(8000)
