@@ -60,6 +60,12 @@ def _configs(rows: int) -> list[_Config]:
             (32, 64, 128, 4, 4),
             (64, 64, 128, 4, 4),
             (64, 128, 64, 4, 4),
+            # 33-64 rows in one row tile, so that B is read once, and N in 32-wide tiles, so that
+            # N = 4,096 still makes 128 programs. On an H100 the candidates above left 64 x 4,096 x
+            # 4,096 at 0.89x cuBLAS (16 x 64 tiles: B read by four row tiles) and 64 x 14,336 x
+            # 4,096 at 0.90x (64 x 64 tiles: 64 programs) in the 2026-12-06 sweep.
+            (64, 32, 128, 5, 4),
+            (64, 32, 256, 3, 4),
         ]
     else:
         shapes = [

@@ -286,3 +286,25 @@ def test_tuner_charges_each_path_its_host_time(monkeypatch):
     best, _ = matmul._tune([tma, plain], None, None, None, 1, 1, 1)
     assert best.tma
     assert [t for _, t in timings] == [0.020, 0.025]
+
+
+@pytest.mark.parametrize("b_t", [False, True], ids=["B", "w.t()"])
+def test_every_few_rows_candidate_matches_reference(b_t):
+    # The tests above run the first candidate only (TUNE off), so a tile that only the autotuner
+    # picks would go unchecked: here every candidate for up to 64 rows runs on both launch paths,
+    # at 50 rows (a partial row tile) and N = 1,032 (partial column tiles).
+    m, k, n = (50, 1000, 1032) if device.GPU_MODE else (33, 40, 72)
+    dtype = torch.bfloat16 if device.GPU_MODE else torch.float16
+    a = _randn(m, k, dtype=dtype)
+    b = _randn(n, k, dtype=dtype).t() if b_t else _randn(k, n, dtype=dtype)
+    ref = a.float() @ b.float()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if device.GPU_MODE else 2
+    align = matmul._plain_align(n, k, (*a.stride(), *b.stride()))
+    for cfg in matmul._configs(m):
+        paths = [matmul._Plan(False, cfg, align, False, False)]
+        if TMA or not device.GPU_MODE:
+            paths.append(matmul._Plan(True, cfg, 1, False, b_t, sms))
+        for plan in paths:
+            c = a.new_empty(m, n)
+            matmul._launch(plan, a, b, c, m, n, k)
+            assert _rel_err(c, ref) < _tol(dtype), matmul._plan_name(plan)
