@@ -89,15 +89,15 @@ def _configs():
 def _paged_decode_split_kernel(
     # pointers: q [n_seqs, n_heads, D]; k, v caches [num_blocks, n_kv, PAGE, D];
     # block_table int32 [n_seqs, max_blocks]; seq_lens int32 [n_seqs];
-    # out [n_seqs, n_heads, D] (DIRECT: one split) or o_part fp32 [n_seqs, n_heads, num_splits, D]
-    # and lse_part fp32 [n_seqs, n_heads, num_splits] (several)
+    # out [n_seqs, n_heads, D] (DIRECT: one split) or, with several, one fp32 buffer: the partial
+    # outputs [n_seqs, n_heads, num_splits, D], then their log-sum-exps [n_seqs, n_heads,
+    # num_splits] (one allocation where two cost the host about 3 µs more a call)
     q_ptr,
     k_ptr,
     v_ptr,
     block_table_ptr,
     seq_lens_ptr,
     out_ptr,
-    lse_ptr,
     # scalars and sizes
     sm_scale,
     seqs_bucket,  # (the two buckets only key the autotuner: powers of two of the batch and of
@@ -196,16 +196,17 @@ def _paged_decode_split_kernel(
     else:
         tl.store(out_ptr + o_off + split * stride_osplit, o, mask=head_ok[:, None])
         lse = tl.where(l_i > 0.0, m_i + tl.math.log2(l_safe), float("-inf"))
-        lse_off = (seq.to(tl.int64) * tl.num_programs(1) * group + heads) * num_splits + split
+        n_heads = tl.num_programs(1) * group
+        lse_ptr = out_ptr + tl.num_programs(0).to(tl.int64) * n_heads * num_splits * HEAD_DIM
+        lse_off = (seq.to(tl.int64) * n_heads + heads) * num_splits + split
         tl.store(lse_ptr + lse_off, lse, mask=head_ok)
 
 
 @triton.jit
 def _paged_decode_combine_kernel(
-    # pointers: o_part fp32 [n_seqs, n_heads, num_splits, D]; lse_part fp32 [n_seqs, n_heads,
-    # num_splits] (base 2); out [n_seqs, n_heads, D]
+    # pointers: the split kernel's fp32 buffer (o_part [n_seqs, n_heads, num_splits, D], then
+    # lse_part [n_seqs, n_heads, num_splits], base 2); out [n_seqs, n_heads, D]
     o_part_ptr,
-    lse_ptr,
     out_ptr,
     # sizes
     num_splits,
@@ -218,6 +219,7 @@ def _paged_decode_combine_kernel(
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     s_ok = offs_s < num_splits
+    lse_ptr = o_part_ptr + tl.num_programs(0).to(tl.int64) * num_splits * HEAD_DIM
     lse = tl.load(lse_ptr + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)  # an empty sequence: every weight is 0
@@ -390,19 +392,18 @@ def paged_decode(
     out = torch.empty(plan.out_shape, device=q.device, dtype=q.dtype)
     if plan.grid is None:  # no sequences or no heads
         return out
-    if plan.part_shape is None:  # one split: the kernel writes the output (lse is unused)
-        o_dst = lse = out
-    else:
-        o_dst = torch.empty(plan.part_shape, device=q.device, dtype=torch.float32)
-        lse = torch.empty(plan.part_shape[:-1], device=q.device, dtype=torch.float32)
-    args = (q, k_cache, v_cache, block_table, seq_lens, o_dst, lse, scale, *plan.sizes)
+    if plan.part_shape is None:  # one split: the kernel writes the output
+        o_dst = out
+    else:  # the partial outputs and their log-sum-exps, one buffer
+        o_dst = torch.empty(plan.part_numel, device=q.device, dtype=torch.float32)
+    args = (q, k_cache, v_cache, block_table, seq_lens, o_dst, scale, *plan.sizes)
     split = tuned(_paged_decode_split_kernel)
     if config is None:
         split.keyed(layout, plan.grid, args, **plan.meta)
     else:  # one fixed tile, no autotuner
         split.fixed(plan.grid, args, **plan.meta, **plan.tile)
     if plan.part_shape is not None:
-        args = (o_dst, lse, out, plan.part_shape[2])
+        args = (o_dst, out, plan.part_shape[2])
         _COMBINE(layout, (plan.out_shape[0] * plan.out_shape[1],), args, **plan.combine_meta)
     return out
 
@@ -413,6 +414,7 @@ class _DecodePlan:
 
     out_shape: tuple[int, int, int]
     part_shape: tuple[int, int, int, int] | None  # the fp32 partial outputs (None: one split)
+    part_numel: int  # their buffer's values: the partial outputs, then one log-sum-exp per row
     sizes: tuple  # the split kernel's arguments after sm_scale: buckets, sizes, strides
     meta: dict
     tile: dict  # a fixed config's BLOCK_N, num_warps, num_stages ({} under the autotuner)
@@ -453,7 +455,7 @@ def _plan(q, k_cache, block_table, num_splits, config) -> _DecodePlan:
     if config is not None:
         tile = {"BLOCK_N": config[0], "num_warps": config[1], "num_stages": config[2]}
     if n_seqs == 0 or n_heads == 0:
-        return _DecodePlan((n_seqs, n_heads, d), None, (), {}, tile, None, {})
+        return _DecodePlan((n_seqs, n_heads, d), None, 0, (), {}, tile, None, {})
     max_tokens = block_table.shape[1] * page
     splits = num_splits or default_num_splits(n_seqs, n_kv, max_tokens)
     group = n_heads // n_kv
@@ -474,9 +476,11 @@ def _plan(q, k_cache, block_table, num_splits, config) -> _DecodePlan:
         DIRECT=splits == 1, FP32_EXACT=q.dtype == torch.float32,
     )  # fmt: skip
     combine_meta = dict(HEAD_DIM=d, SPLITS_PAD=next_power_of_2(splits))
+    part_numel = 0 if part_shape is None else n_seqs * n_heads * splits * (d + 1)
     return _DecodePlan(
-        (n_seqs, n_heads, d), part_shape, sizes, meta, tile, (n_seqs, n_kv, splits), combine_meta
-    )
+        (n_seqs, n_heads, d), part_shape, part_numel, sizes, meta, tile, (n_seqs, n_kv, splits),
+        combine_meta,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- references
@@ -729,7 +733,6 @@ def _split_spec(t: str, splits: int, min_cc: int) -> dict:
             "block_table_ptr": "*i32",
             "seq_lens_ptr": "*i32",
             "out_ptr": f"*{out_t}",
-            "lse_ptr": "*fp32" if splits > 1 else f"*{t}",
             **_SIG_SIZES,
             **_SIG_STRIDES,
         },
@@ -751,7 +754,6 @@ def _combine_spec(t: str, head_dim: int, min_cc: int) -> dict:
         kernel=_paged_decode_combine_kernel,
         signature={
             "o_part_ptr": "*fp32",
-            "lse_ptr": "*fp32",
             "out_ptr": f"*{t}",
             "num_splits": "i32",
         },

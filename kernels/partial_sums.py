@@ -52,11 +52,13 @@ _SUM = Launcher(_sum_kernel)
 
 
 # Columns each program of the sum adds up. Narrow blocks run many programs: 128 at 4,096 columns,
-# where 256 ran 16 (an eighth of an H100's SMs), each walking 264 partial rows in turn. Measured on
-# an H100, 2026-12-06 (scripts/gpu/norm_bwd_split_probe.py, device time of the whole backward,
-# bf16): 32 against 256 took 512 x 4,096 RMSNorm from 23.3 to 16.0 µs, 4,096 x 1,024 from 31.3 to
-# 22.8 and 4,096 x 4,096 from 55.4 to 48.1; 64 fell between
-# (results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-norm-bwd-split.txt).
+# where 256 columns a program ran 16 (an eighth of an H100's SMs), each walking 264 partial rows in
+# turn. Measured on an H100 (scripts/gpu/norm_bwd_split_probe.py, device time of the whole
+# backward, bf16): on 2026-12-06 32 against 256 took 512 x 4,096 RMSNorm from 23.3 to 16.0 µs,
+# 4,096 x 1,024 from 31.3 to 22.8 and 4,096 x 4,096 from 55.4 to 48.1, 64 between
+# (results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-norm-bwd-split.txt). 16 or 8 columns, 64
+# rows a step with 8 warps, and loads pipelined over the rows came within run-to-run noise of 32
+# in two later runs at training shapes (-split-2.txt, -split-3.txt).
 SUM_BLOCK_N = 32
 
 

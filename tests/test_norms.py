@@ -334,26 +334,29 @@ def _split_probe():
 @pytest.mark.parametrize("kind,rows,cols", [("layer_norm", 48, 1024), ("rms_norm", 12, 4096)])
 def test_split_probe_settings_run_what_they_say_and_keep_the_gradients(kind, rows, cols):
     """scripts/gpu/norm_bwd_split_probe.py times the backward with fewer programs (fewer partial
-    rows) and narrower partial-sums blocks. Each setting must reach the kernels (the partial rows
-    the sum is asked for, its block) and give the library's gradients (checked inside ``case``),
-    or the probe would time something other than its label, or a wrong answer."""
-    from kernels import partial_sums
+    rows) and other launches of the partial sums. Each setting must reach the kernels (the partial
+    rows the sum is asked for, its meta-parameters) and give the library's gradients (checked
+    inside ``case``), or the probe would time something other than its label, or a wrong answer."""
+    from kernels import launch, partial_sums
 
     probe = _split_probe()
     res = probe.case(kind, rows, cols, torch.float32, check_only=True)
-    library_rows, library_block = res["default"]
-    assert library_block == probe.SUM_BLOCKS[0]
+    library_rows, library_meta = res["default"]
+    assert library_meta == probe.LIBRARY_SUM_LAUNCH((1, library_rows, cols), torch.float32)[2]
     blocks = -(-rows // norms.bwd_config(rows, cols)["BLOCK_M"])
-    fewer = {r: -(-blocks // r) for r in probe.ROWS_PER_PROGRAM}
-    fewer = {r: p for r, p in fewer.items() if 1 < p < library_rows}
+    fewer = {f"rows/program {r}": -(-blocks // r) for r in probe.ROWS_PER_PROGRAM}
+    fewer["1 program/SM"] = launch.sm_count(interpreter=2)
+    fewer = {name: p for name, p in fewer.items() if 1 < p < library_rows}
     assert fewer, "the test's shape leaves no setting with fewer programs"
-    for r, p in fewer.items():
-        assert res[f"rows/program {r}"] == (p, library_block)
-        for s in probe.SUM_BLOCKS[1:]:
-            assert res[f"rows/program {r}, sum block {s}"] == (p, s)
-    for s in probe.SUM_BLOCKS[1:]:
-        assert res[f"sum block {s}"] == (library_rows, s)
-    assert len(res) == (1 + len(fewer)) * len(probe.SUM_BLOCKS)
+    variants = probe.SUM_VARIANTS[1:]
+    assert all(o and not o.items() <= library_meta.items() for _, o in variants)  # each differs
+    for name, p in fewer.items():
+        assert res[name] == (p, library_meta)
+        for label, o in variants:
+            assert res[f"{name}, {label}"] == (p, dict(library_meta, **o))
+    for label, o in variants:
+        assert res[label] == (library_rows, dict(library_meta, **o))
+    assert len(res) == (1 + len(fewer)) * (1 + len(variants))
     assert partial_sums.sum_launch is probe.LIBRARY_SUM_LAUNCH  # put back after each setting
 
 

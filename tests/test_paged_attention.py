@@ -348,3 +348,27 @@ def test_a_layout_is_checked_and_planned_once_its_values_on_every_call(monkeypat
     pa.paged_decode(q, k, v, table, lens, num_splits=1)
     with pytest.raises(ValueError, match="num_splits"):
         pa.paged_decode(q, k, v, table, lens, num_splits=True)
+
+
+def test_host_probe_times_every_step_of_a_call(capsys):
+    """scripts/gpu/paged_host_probe.py --smoke: the planned path's steps, each timed alone, the
+    combine kernel's launch included (two splits), and the whole call against SDPA."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "paged_host_probe.py"
+    spec = importlib.util.spec_from_file_location("paged_host_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "2 splits" in out
+    for row in (
+        "whole call",
+        "layout key",
+        "allocations",
+        "split kernel",
+        "combine kernel",
+        "SDPA",
+    ):
+        assert row in out, row

@@ -10,9 +10,10 @@ second launch added them with 16 programs for each (columns 256 at a time), an e
 (the library now takes 32 columns a program: ``partial_sums.SUM_BLOCK_N``, from this probe).
 Two settings move that, and this probe times them on the device alone:
 
-- ``programs``: fewer programs, each over more rows, write fewer partial rows (the dx kernel's
-  parallelism against the sum's work);
-- the sum's column block: 64 or 32 instead of 256 runs 4 or 8 times the programs over the same rows.
+- ``programs``: fewer programs (down to one an SM), each over more rows, write fewer partial rows
+  (the dx kernel's parallelism against the sum's work);
+- the sum's launch: a narrower column block runs more programs over the same rows; more rows a
+  step with more warps (``SUM_VARIANTS``) keeps more loads in flight.
 
 For each case it prints, in µs of device time (``bench.measure(device_only=True)``, the L2
 flushed before each call): ours called directly under each setting, the library's first (every
@@ -20,7 +21,7 @@ setting's gradients are checked against it before it is timed), then the library
 alone (the dx kernel, the sum), then ours and PyTorch's through autograd. ``--smoke`` runs tiny
 shapes (the CPU test runs it in the interpreter).
 
-    python scripts/gpu/norm_bwd_split_probe.py [--smoke] [--dtype bfloat16]
+    python scripts/gpu/norm_bwd_split_probe.py [--smoke] [--dtype bfloat16] [--shapes 4096x4096,...]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import argparse
 
 import torch
 
-from kernels import bench, device, norms, partial_sums, shapes
+from kernels import bench, device, launch, norms, partial_sums, shapes
 from kernels.launch import cdiv
 
 SHAPES = [(64, 1024), (512, 1024), (512, 4096), (512, 8192), (4096, 1024), (4096, 4096)]
@@ -42,8 +43,15 @@ ROWS_PER_PROGRAM = (
     4,
     8,
 )  # programs = the row blocks over this, where that is fewer than the library's
-# The sum's column block: the library's, then wider ones.
-SUM_BLOCKS = (partial_sums.SUM_BLOCK_N, 64, 256)
+# The sum's launch: the library's (``{}``), then each override of its meta-parameters (column
+# block; rows a step and warps).
+SUM_VARIANTS = (
+    ("", {}),
+    ("sum block 8", {"BLOCK_N": 8}),
+    ("sum block 16", {"BLOCK_N": 16}),
+    ("sum block 64", {"BLOCK_N": 64}),
+    ("sum 64 rows, 8 warps", {"BLOCK_P": 64, "num_warps": 8}),
+)
 LIBRARY_SUM_LAUNCH = partial_sums.sum_launch
 
 
@@ -51,15 +59,17 @@ def device_us(fn) -> float:
     return bench.measure(fn, device_only=True, **shapes.TIMING).ms * 1e3
 
 
-def with_sum_block(block_n: int, seen: list):
-    """partial_sums.sum_launch with the column block ``block_n`` (sum_stacked looks it up by name);
-    each call appends (the partial rows it sums, ``block_n``) to ``seen``."""
+def with_sum_meta(override: dict, seen: list):
+    """partial_sums.sum_launch with ``override`` in its meta-parameters (sum_stacked looks it up
+    by name); each call appends (the partial rows it sums, the meta-parameters) to ``seen``."""
 
     def launch(shape, dtype, is_aligned=True):
         key, _, meta = LIBRARY_SUM_LAUNCH(shape, dtype, is_aligned)
+        meta = dict(meta, **override)
         k, n_partials, n_cols = shape
-        seen.append((n_partials, block_n))
-        return (*key, block_n), (cdiv(n_cols, block_n), k), dict(meta, BLOCK_N=block_n)
+        seen.append((n_partials, meta))
+        key = (*key, *sorted(override.items()))
+        return key, (cdiv(n_cols, meta["BLOCK_N"]), k), meta
 
     return launch
 
@@ -80,21 +90,22 @@ def case(kind: str, rows: int, cols: int, dtype: torch.dtype, check_only: bool) 
     strides = (dy.stride(0), x.stride(0), cols)
     args = (dy, x, w, mean, rstd, dx, has_bias, rows, cols, strides, base)
     library_rows = norms._launch_bwd_rows(*args)[1].shape[1]  # the library's programs
-    # The settings: (label, programs or None for the library's, the sum's column block). Fewer
-    # programs only: more than one, and fewer than the library runs.
+    # The settings: (label, programs or None for the library's, the sum's override). Fewer
+    # programs only: more than one, and fewer than the library runs; one per SM among them.
     blocks = cdiv(rows, base["BLOCK_M"])
-    fewer = [(r, cdiv(blocks, r)) for r in ROWS_PER_PROGRAM if 1 < cdiv(blocks, r) < library_rows]
-    settings = [("default", None, SUM_BLOCKS[0])]
-    settings += [(f"rows/program {r}", p, SUM_BLOCKS[0]) for r, p in fewer]
-    settings += [(f"sum block {s}", None, s) for s in SUM_BLOCKS[1:]]
-    settings += [(f"rows/program {r}, sum block {s}", p, s)
-                 for r, p in fewer for s in SUM_BLOCKS[1:]]  # fmt: skip
+    fewer = [(f"rows/program {r}", cdiv(blocks, r)) for r in ROWS_PER_PROGRAM]
+    fewer.append(("1 program/SM", launch.sm_count(interpreter=2)))
+    fewer = [(name, p) for name, p in fewer if 1 < p < library_rows]
+    settings = [("default", None, {})]
+    settings += [(name, p, {}) for name, p in fewer]
+    settings += [(label, None, o) for label, o in SUM_VARIANTS[1:]]
+    settings += [(f"{name}, {label}", p, o) for name, p in fewer for label, o in SUM_VARIANTS[1:]]
     want = direct(base)()
     out: dict = {}
-    for label, programs, block_n in settings:
+    for label, programs, override in settings:
         cfg = dict(base, programs=programs) if programs else base
         seen: list = []
-        partial_sums.sum_launch = with_sum_block(block_n, seen)
+        partial_sums.sum_launch = with_sum_meta(override, seen)
         try:
             fn = direct(cfg)
             got = fn()
@@ -132,26 +143,34 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny shapes, gradients checked only")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--shapes", help="ROWSxCOLS,... instead of the default shapes")
     args = p.parse_args(argv)
+    todo = SMOKE_SHAPES if args.smoke else SHAPES
+    if args.shapes:
+        todo = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     dtype = getattr(torch, args.dtype)
     print(
         f"{device.describe().splitlines()[0]}; {args.dtype}; device µs, L2 flushed before each call"
     )
-    for rows, cols in SMOKE_SHAPES if args.smoke else SHAPES:
+    for rows, cols in todo:
         for kind in ("rms_norm", "layer_norm"):
             res = case(kind, rows, cols, dtype, check_only=args.smoke)
             if args.smoke:
                 tried = sorted({r for r, _ in res.values()})
                 print(
                     f"{kind} {rows}x{cols}: the gradients of every setting (partial rows {tried}, "
-                    f"sum blocks {SUM_BLOCKS}) match the default's"
+                    f"sum launches {[label or 'default' for label, _ in SUM_VARIANTS]}) match the "
+                    "default's"
                 )
                 continue
             print(f"\n{kind} [{rows}, {cols}]: {res['partial rows']} partial rows")
             for label, us in res.items():
                 if label != "partial rows":
                     print(f"  {label:34s} {us:8.1f}")
-            best = min((k for k in res if k.startswith(("default", "rows/", "sum "))), key=res.get)
+            best = min(
+                (k for k in res if k.startswith(("default", "rows/", "sum ", "1 program"))),
+                key=res.get,
+            )
             print(
                 f"  best setting: {best} ({res['default'] / res[best]:.2f}x the default)",
                 flush=True,
