@@ -34,15 +34,15 @@ def steps(batch: int, seq: int, dtype: torch.dtype, splits: int | None) -> tuple
     def ours():
         return pa.paged_decode(q, kc, vc, table, lens, num_splits=splits)
 
-    out = ours()  # plans the layout (and tunes the kernel)
-    torch.testing.assert_close(out.float(), pa.sdpa_decode(q, k, v).float(), rtol=2e-2, atol=2e-2)
+    got = ours()  # plans the layout (and tunes the kernel)
+    torch.testing.assert_close(got.float(), pa.sdpa_decode(q, k, v).float(), rtol=2e-2, atol=2e-2)
     key = launch.layout_key((q, kc, vc, table, lens), splits, None)
     plan = pa._PLANS.get(key)
     assert plan is not None and plan.grid is not None, "the call above planned this layout"
     dev = q.device
     o_dst = torch.empty(max(plan.part_numel, 1), device=dev, dtype=torch.float32)
     scale = _validate.sm_scale(None, q.shape[2])
-    split_args = (q, kc, vc, table, lens, o_dst if plan.part_shape else out, scale)
+    split_args = (q, kc, vc, table, lens, o_dst if plan.part_shape else got, scale)
     split_args += plan.sizes
     split = launch.tuned(pa._paged_decode_split_kernel)
 
@@ -51,7 +51,7 @@ def steps(batch: int, seq: int, dtype: torch.dtype, splits: int | None) -> tuple
         if plan.part_shape is not None:
             torch.empty(plan.part_numel, device=dev, dtype=torch.float32)
 
-    out = {
+    fns = {
         "paged_decode, whole call": ours,
         "layout key (5 tensors)": lambda: launch.layout_key((q, kc, vc, table, lens), splits, None),
         "plan lookup": lambda: pa._PLANS.get(key),
@@ -66,10 +66,10 @@ def steps(batch: int, seq: int, dtype: torch.dtype, splits: int | None) -> tuple
     if plan.part_shape is not None:
         cargs = (o_dst, torch.empty_like(q), plan.part_shape[2])
         grid = (plan.out_shape[0] * plan.out_shape[1],)
-        out["combine kernel launch"] = lambda: pa._COMBINE(key, grid, cargs, **plan.combine_meta)
-    out["SDPA (PyTorch), whole call"] = lambda: pa.sdpa_decode(q, k, v)
-    out["a Python call that does nothing"] = lambda: None
-    return out, plan
+        fns["combine kernel launch"] = lambda: pa._COMBINE(key, grid, cargs, **plan.combine_meta)
+    fns["SDPA (PyTorch), whole call"] = lambda: pa.sdpa_decode(q, k, v)
+    fns["a Python call that does nothing"] = lambda: None
+    return fns, plan
 
 
 def main(argv: list[str] | None = None) -> int:
