@@ -8,10 +8,11 @@ case, ``bench = "shapes/<op>"``, against the PyTorch call a user would otherwise
 bandwidth measured in the same run for memory-bound ops, the measured matmul peak of the dtype for
 matmuls and attention.
 
-Host overhead gets records of its own (``shapes/<op>/host``): the wall time of ``HOST_CALLS``
-back-to-back calls of the smallest shape, divided by the count. The GPU finishes each of those tiny
-kernels faster than the host can launch the next, so the figure is the host's cost per call; the
-baseline is the same loop over the PyTorch op.
+Host overhead gets records of its own (``shapes/<op>/host``, every op but the causal attention):
+the wall time of ``HOST_CALLS`` back-to-back calls at the size of a decode step (``host_cases``),
+divided by the count. The GPU finishes most of those small kernels faster than the host can
+launch the next, so the figure is the host's cost per call; the baseline is the same loop over the
+PyTorch op.
 
 A case slower than its baseline (``RETIME_BELOW``) is timed ``RETIMES`` times, both sides, and
 recorded at the median of each side, so that one slow timing of a few-µs call decides nothing.
@@ -467,11 +468,27 @@ def host_time(fn: Callable, calls: int | None = None) -> bench.Measurement:
 
 
 def host_cases(quick: bool) -> list[Case]:
-    """The smallest shape of each row-wise op and of vector add, for ``host_time``."""
+    """One call of every op at the size of a decode step (one row, one token, one sequence), for
+    ``host_time``: there the host's work per call, not the kernel, decides the time. The causal
+    attention cases are left out: at one short sequence they launch what the others do."""
     dtype = device.preferred_dtype(torch.bfloat16)
-    w = 123 if quick else 4096
-    out = list(_add_cases([1000 if quick else 4096], [dtype]))
-    return out + list(_row_cases([1], [w], [dtype]))
+    if quick:
+        out = list(_add_cases([1000], [dtype]))
+        out += list(_row_cases([1], [123], [dtype]))
+        out += list(_matmul_cases([(1, 64, 48)], [dtype]))
+        out += list(_attention_cases([64], [16], [dtype], heads=1))
+        out += list(_paged_cases([(1, 48)], dtype, head_dim=64, n_heads=4, n_kv=2, block=16))
+        out += list(_gemv_cases([(1, 64, 128)], dtype))
+        out += list(_megakernel_cases([(1, 64, 2)], dtype))
+    else:
+        out = list(_add_cases([4096], [dtype]))
+        out += list(_row_cases([1], [4096], [dtype]))
+        out += list(_matmul_cases([(1, 4096, 4096)], [dtype]))
+        out += list(_attention_cases([128], [128], [dtype], ATTN_HEADS))
+        out += list(_paged_cases(PAGED[:1], dtype, head_dim=128, n_heads=32, n_kv=8, block=16))
+        out += list(_gemv_cases(GEMV[:1], dtype))
+        out += list(_megakernel_cases(MEGA[:1], dtype))
+    return [c for c in out if not c.op.startswith("attention_causal")]
 
 
 def host_records(
