@@ -109,8 +109,9 @@ _X, _Y, _OUT = 0, 1, 3
 
 def _native_plan(x: torch.Tensor, y: torch.Tensor) -> None:
     """Give kernels.replay this layout's plan (checked inputs only): the launch ``add`` makes at
-    the default block (of this size) and warps. The plan's forward with and without a gradient is the same; it
-    has no backward (``add`` sends inputs that want a gradient down the Python path)."""
+    the default block (of this size) and warps. The plan's forward with and without a gradient is
+    the same; it has no backward (``add`` sends inputs that want a gradient down the Python
+    path)."""
     n = x.numel()
     slots = [None] * replay.N_SLOTS
     slots[_X], slots[_Y] = x, y

@@ -35,7 +35,8 @@ def steps(batch: int, seq: int, dtype: torch.dtype, splits: int | None) -> tuple
         return pa.paged_decode(q, kc, vc, table, lens, num_splits=splits)
 
     got = ours()  # plans the layout (and tunes the kernel)
-    torch.testing.assert_close(got.float(), pa.sdpa_decode(q, k, v).float(), rtol=2e-2, atol=2e-2)
+    tol = 2e-2 if dtype.itemsize == 2 else 1e-4  # 16-bit: a few steps of bf16's precision
+    torch.testing.assert_close(got.float(), pa.sdpa_decode(q, k, v).float(), rtol=tol, atol=tol)
     key = launch.layout_key((q, kc, vc, table, lens), splits, None)
     plan = pa._PLANS.get(key)
     assert plan is not None and plan.grid is not None, "the call above planned this layout"
