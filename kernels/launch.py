@@ -9,6 +9,7 @@ launcher may call them on every call without paying a driver round trip (about 1
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -86,6 +87,40 @@ def programs_per_sm(compiled) -> int:
     }
     threads = compiled.metadata.num_warps * 32
     return blocks_per_sm(threads, compiled.n_regs, compiled.metadata.shared, **limits)
+
+
+# Programmatic dependent launch (Hopper on): a kernel launched with ``launch_pdl=True`` may start
+# while the kernel before it on the stream still runs, once every program of that one has called
+# ``gdc_launch_dependents`` (or exited); it must call ``gdc_wait`` before reading what that kernel
+# wrote. Both are no-ops where PDL is off. Triton has them from 3.4; older versions get stand-ins
+# and ``pdl_supported()`` says False, so no kernel is compiled with the flag.
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _HAS_GDC = True
+except ImportError:  # pragma: no cover (Triton < 3.4)
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    _HAS_GDC = False
+
+PDL_ENV = "GPU_BRRR_PDL"  # "0" turns programmatic dependent launch off
+
+
+@functools.cache
+def pdl_supported() -> bool:
+    """Whether launches here may use programmatic dependent launch: an NVIDIA GPU of compute
+    capability 9.0 or more, a Triton that has it, and ``GPU_BRRR_PDL`` not "0"."""
+    if not (device.GPU_MODE and _HAS_GDC) or os.environ.get(PDL_ENV) == "0":
+        return False
+    cap = device.capabilities()
+    return cap.vendor == "NVIDIA" and (cap.compute_capability or (0, 0)) >= (9, 0)
 
 
 def resident_programs(compiled) -> int:

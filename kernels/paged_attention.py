@@ -48,7 +48,18 @@ import triton
 import triton.language as tl
 
 from kernels import _validate, bench, device, roofline, sdpa
-from kernels.launch import Launcher, Plans, cdiv, layout_key, next_power_of_2, sm_count, tuned
+from kernels.launch import (
+    Launcher,
+    Plans,
+    cdiv,
+    gdc_launch_dependents,
+    gdc_wait,
+    layout_key,
+    next_power_of_2,
+    pdl_supported,
+    sm_count,
+    tuned,
+)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -123,8 +134,13 @@ def _paged_decode_split_kernel(
     GROUP_PAD: tl.constexpr,  # group rounded up to a tl.dot tile (>= 16)
     DIRECT: tl.constexpr,  # one split: write the normalised output, no merge
     FP32_EXACT: tl.constexpr,  # fp32 inputs: full-precision dots (no TF32)
+    PDL: tl.constexpr,  # programmatic dependent launch (Hopper on): the combine may start early
     BLOCK_N: tl.constexpr,
 ):
+    if PDL:
+        # Let the combine kernel's programs be placed now, on the SMs this grid leaves idle; they
+        # wait in gdc_wait until this grid has finished and its writes are visible.
+        gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -214,8 +230,11 @@ def _paged_decode_combine_kernel(
     # meta-parameters
     HEAD_DIM: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel
 ):
     # One program per (sequence, query head): reads num_splits partial rows, writes one row.
+    if PDL:
+        gdc_wait()  # every split has finished and its partial outputs are visible
     row = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -472,11 +491,14 @@ def _plan(q, k_cache, block_table, num_splits, config) -> _DecodePlan:
         block_table.stride(0),
         *o_strides,
     )  # fmt: skip
+    pdl = splits > 1 and pdl_supported()
     meta = dict(
         HEAD_DIM=d, PAGE_SIZE=page, GROUP_PAD=max(16, next_power_of_2(group)),
-        DIRECT=splits == 1, FP32_EXACT=q.dtype == torch.float32,
+        DIRECT=splits == 1, FP32_EXACT=q.dtype == torch.float32, PDL=pdl,
     )  # fmt: skip
-    combine_meta = dict(HEAD_DIM=d, SPLITS_PAD=next_power_of_2(splits))
+    combine_meta = dict(HEAD_DIM=d, SPLITS_PAD=next_power_of_2(splits), PDL=pdl)
+    if pdl:
+        combine_meta["launch_pdl"] = True
     part_numel = 0 if part_shape is None else n_seqs * n_heads * splits * (d + 1)
     return _DecodePlan(
         (n_seqs, n_heads, d), part_shape, part_numel, sizes, meta, tile, (n_seqs, n_kv, splits),
@@ -723,7 +745,7 @@ _SIG_STRIDES = {
 }
 
 
-def _split_spec(t: str, splits: int, min_cc: int) -> dict:
+def _split_spec(t: str, splits: int, min_cc: int, pdl: bool = False) -> dict:
     out_t = t if splits == 1 else "fp32"
     return dict(
         kernel=_paged_decode_split_kernel.fn,
@@ -743,6 +765,7 @@ def _split_spec(t: str, splits: int, min_cc: int) -> dict:
             "GROUP_PAD": 16,
             "DIRECT": splits == 1,
             "FP32_EXACT": t == "fp32",
+            "PDL": pdl,
             "BLOCK_N": 64,
         },
         options={"num_warps": 4, "num_stages": 3},
@@ -750,7 +773,7 @@ def _split_spec(t: str, splits: int, min_cc: int) -> dict:
     )
 
 
-def _combine_spec(t: str, head_dim: int, min_cc: int) -> dict:
+def _combine_spec(t: str, head_dim: int, min_cc: int, pdl: bool = False) -> dict:
     return dict(
         kernel=_paged_decode_combine_kernel,
         signature={
@@ -758,14 +781,18 @@ def _combine_spec(t: str, head_dim: int, min_cc: int) -> dict:
             "out_ptr": f"*{t}",
             "num_splits": "i32",
         },
-        constexprs={"HEAD_DIM": head_dim, "SPLITS_PAD": 8},
+        constexprs={"HEAD_DIM": head_dim, "SPLITS_PAD": 8, "PDL": pdl},
+        options={"launch_pdl": True} if pdl else None,
         min_cc=min_cc,
     )
 
 
-# bf16 dots need Ampere (8.0); Turing (sm_75) builds the fp16 and fp32 variants.
+# bf16 dots need Ampere (8.0); Turing (sm_75) builds the fp16 and fp32 variants; the
+# programmatic-dependent-launch pair (griddepcontrol) needs Hopper (9.0).
 COMPILE_SPECS = [
     _split_spec("bf16", 8, 80),
+    _split_spec("bf16", 8, 90, pdl=True),
+    _combine_spec("bf16", 128, 90, pdl=True),
     _split_spec("bf16", 1, 80),
     _split_spec("fp16", 8, 0),
     _split_spec("fp32", 1, 0),

@@ -372,3 +372,32 @@ def test_host_probe_times_every_step_of_a_call(capsys):
         "SDPA",
     ):
         assert row in out, row
+
+
+def test_programmatic_dependent_launch_changes_no_value(monkeypatch):
+    """With several splits on Hopper or later, the combine kernel is launched as a programmatic
+    dependent of the split kernel (it may start early and waits in gdc_wait). That changes when
+    it starts, never what it reads: the output equals the ordinary launch's bit for bit. Elsewhere
+    (a CPU, an older GPU) no plan asks for it."""
+    from kernels import launch
+
+    q, k, v, table, lens = _case([700, 33], 8, 2, 64, 16, device.preferred_dtype(), seed=3)
+    pa._PLANS.plans.clear()
+    got = pa.paged_decode(q, k, v, table, lens, num_splits=4)
+    plan = pa._PLANS.get(launch.layout_key((q, k, v, table, lens), 4, None))
+    assert plan.meta["PDL"] == plan.combine_meta["PDL"] == launch.pdl_supported()
+    assert plan.combine_meta.get("launch_pdl", False) == launch.pdl_supported()
+    if not launch.pdl_supported():
+        assert not device.GPU_MODE or device.capabilities().compute_capability < (9, 0)
+        return
+    # The launchers keep each layout's binary under the layout's key: drop them with the plans.
+    split = launch.tuned(pa._paged_decode_split_kernel)
+    caches = (pa._COMBINE.cache, split.cache, split.plain.cache)
+    monkeypatch.setattr(pa, "pdl_supported", lambda: False)
+    for c in (pa._PLANS.plans, *caches):
+        c.clear()
+    want = pa.paged_decode(q, k, v, table, lens, num_splits=4)
+    assert not pa._PLANS.get(launch.layout_key((q, k, v, table, lens), 4, None)).meta["PDL"]
+    assert torch.equal(got, want)
+    for c in (pa._PLANS.plans, *caches):
+        c.clear()
