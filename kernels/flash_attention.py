@@ -152,8 +152,20 @@ def _fits_smem(
 ) -> bool:
     """Whether a tile fits this GPU's shared memory, an estimate: ``n_resident`` 16-bit resident
     tiles plus num_stages pairs (K and V) of streamed ones, each ``d`` wide."""
-    r, st, _, stages = _tile(config, resident, streamed)
+    return _fits(_tile(config, resident, streamed), n_resident, d)
+
+
+def _fits(tile: tuple[int, int, int, int], n_resident: int, d: int) -> bool:
+    r, st, _, stages = tile
     return 2 * d * (n_resident * r + stages * 2 * st) <= _smem_limit()
+
+
+@functools.cache
+def _small_tile(tuned: tuple, small: tuple, n_resident: int, d: int) -> tuple[int, int, int, int]:
+    """The tile a small problem runs with, as ``_pruner`` chooses it for TUNE false: the first of
+    ``small`` that fits shared memory, else the smallest of all."""
+    fitting = [t for t in small if _fits(t, n_resident, d)]
+    return fitting[0] if fitting else min(tuned + small)
 
 
 def _pruner(resident: str, streamed: str, tuned: list, small: list, n_resident: int):
@@ -679,6 +691,26 @@ def tma_available(*tensors: torch.Tensor) -> bool:
     )
 
 
+# Small problems (the kernels' TUNE false) skip the autotuner on a GPU: their tile is fixed
+# (``_small_tile``, the autotuner's own choice for them), and kernels.launch's fast path launches the
+# binary it kept for the call's layout directly, without Triton's per-call argument binding. These
+# calls take microseconds on the device, so the host's part decides their time. (The launcher keys
+# hold everything the kernels specialise on: dtype, alignment, sizes and options; outputs and
+# the fp32 scratch are fresh, hence aligned.)
+_FAST = {
+    "fwd": launch.Launcher(_attn_fwd_kernel.fn),
+    "pre": launch.Launcher(_attn_bwd_preprocess_kernel),
+    "dkdv": launch.Launcher(_attn_bwd_dkdv_kernel.fn),
+    "dq": launch.Launcher(_attn_bwd_dq_kernel.fn),
+}
+
+
+def _fast(tune: bool) -> bool:
+    """Whether a problem launches at its fixed small tile through ``_FAST`` (a GPU, TUNE false);
+    in the interpreter every launch goes through Triton at the interpreter's one tile."""
+    return device.GPU_MODE and not tune
+
+
 def _forward(
     q, k, v, causal: bool, sm_scale: float, tma: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -691,21 +723,25 @@ def _forward(
     use_tma = tma_available(k, v) if tma is None else tma
     if use_tma and not tma_available(k, v):
         raise ValueError("tma=True needs a GPU with TMA (Hopper or newer) and 16-byte-aligned k, v")
+    tune = _tune_all(B * H, n_q, n_kv)
+    fast = _fast(tune)
+    if fast:
+        bm, bn, warps, stages = _small_tile(tuple(_FWD_TUNED), tuple(_FWD_SMALL), 1, D)
     k_src, v_src = k, v
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        dummy = [16, D]  # replaced per configuration by _set_kv_blocks
-        k_src = TensorDescriptor.from_tensor(k.view(B * H * n_kv, D), dummy)
-        v_src = TensorDescriptor.from_tensor(v.view(B * H * n_kv, D), dummy)
-
-    def grid(meta):
-        return (cdiv(n_q, meta["BLOCK_M"]), B * H)
-
-    _attn_fwd_kernel[grid](
-        q, k_src, v_src, o, lse, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma,
-        TUNE=_tune_all(B * H, n_q, n_kv),
-    )  # fmt: skip
+        block = [bn if fast else 16, D]  # else replaced per configuration by _set_kv_blocks
+        k_src = TensorDescriptor.from_tensor(k.view(B * H * n_kv, D), block)
+        v_src = TensorDescriptor.from_tensor(v.view(B * H * n_kv, D), block)
+    args = (q, k_src, v_src, o, lse, sm_scale, n_q, n_kv)
+    meta = {"HEAD_DIM": D, "CAUSAL": causal, "USE_TMA": use_tma, "TUNE": tune}
+    if fast:
+        key = (q.dtype, *map(launch.aligned, (q, k, v)), n_q, n_kv, *meta.values())
+        _FAST["fwd"](key, (cdiv(n_q, bm), B * H), args, **meta, BLOCK_M=bm, BLOCK_N=bn,
+                     num_warps=warps, num_stages=stages)  # fmt: skip
+    else:
+        _attn_fwd_kernel[lambda m: (cdiv(n_q, m["BLOCK_M"]), B * H)](*args, **meta)
     return o, lse
 
 
@@ -724,9 +760,17 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, backward: str 
     )
     rows = B * H * n_q
     tune = _tune_all(B * H, n_q, n_kv)
+    fast = _fast(tune)
+    # The layout every launch's key shares (each kernel adds what else it specialises on).
+    layout = (q.dtype, *map(launch.aligned, (q, k, v, do)), n_q, n_kv, D, causal)
     pre_block = 64
-    _attn_bwd_preprocess_kernel[(cdiv(rows, pre_block),)](
-        o, do, delta, dq_acc, rows, HEAD_DIM=D, BLOCK_M=pre_block, ZERO_DQ=atomic
+    _FAST["pre"](
+        (*layout, atomic), (cdiv(rows, pre_block),), (o, do, delta, dq_acc, rows),
+        HEAD_DIM=D, BLOCK_M=pre_block, ZERO_DQ=atomic,
+    )  # fmt: skip
+    # The dK/dV tile: (key rows owned, query rows a step, warps, stages).
+    bn, bm, warps, stages = (
+        _small_tile(tuple(_BWD_TUNED), tuple(_BWD_SMALL), 2, D) if fast else (0,) * 4
     )
     # On Hopper the dQ adds go out as TMA bulk reductions (a descriptor over dq_acc as rows).
     dq_tma = atomic and tma_available(dq_acc)
@@ -734,17 +778,26 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, backward: str 
     if dq_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        dq_desc = TensorDescriptor.from_tensor(dq_acc.view(rows, D), [16, D])  # _set_dq_block
-    _attn_bwd_dkdv_kernel[lambda meta: (cdiv(n_kv, meta["BLOCK_N"]), B * H)](
-        q, k, v, do, lse, delta, dk, dv, dq_acc, dq_desc, sm_scale, n_q, n_kv, HEAD_DIM=D,
-        CAUSAL=causal, ATOMIC_DQ=atomic, DQ_TMA=dq_tma, TUNE=tune,
-    )  # fmt: skip
+        # One step's query rows; through the autotuner _set_dq_block sets them per configuration.
+        dq_desc = TensorDescriptor.from_tensor(dq_acc.view(rows, D), [bm if fast else 16, D])
+    args = (q, k, v, do, lse, delta, dk, dv, dq_acc, dq_desc, sm_scale, n_q, n_kv)
+    meta = {"HEAD_DIM": D, "CAUSAL": causal, "ATOMIC_DQ": atomic, "DQ_TMA": dq_tma, "TUNE": tune}
+    if fast:
+        _FAST["dkdv"]((*layout, atomic, dq_tma), (cdiv(n_kv, bn), B * H), args, **meta,
+                      BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)  # fmt: skip
+    else:
+        _attn_bwd_dkdv_kernel[lambda m: (cdiv(n_kv, m["BLOCK_N"]), B * H)](*args, **meta)
     if atomic:
         dq.copy_(dq_acc)  # fp32 -> fp16/bf16, one launch
+        return dq, dk, dv
+    args = (q, k, v, do, lse, delta, dq, sm_scale, n_q, n_kv)
+    meta = {"HEAD_DIM": D, "CAUSAL": causal, "TUNE": tune}
+    if fast:
+        bm, bn, warps, stages = _small_tile(tuple(_BWD_TUNED), tuple(_BWD_SMALL), 2, D)
+        _FAST["dq"](layout, (cdiv(n_q, bm), B * H), args, **meta, BLOCK_M=bm, BLOCK_N=bn,
+                    num_warps=warps, num_stages=stages)  # fmt: skip
     else:
-        _attn_bwd_dq_kernel[lambda meta: (cdiv(n_q, meta["BLOCK_M"]), B * H)](
-            q, k, v, do, lse, delta, dq, sm_scale, n_q, n_kv, HEAD_DIM=D, CAUSAL=causal, TUNE=tune
-        )
+        _attn_bwd_dq_kernel[lambda m: (cdiv(n_q, m["BLOCK_M"]), B * H)](*args, **meta)
     return dq, dk, dv
 
 

@@ -302,3 +302,50 @@ def test_pruner_follows_the_tune_flag():
     assert tiles(True) == [t for t in fa._FWD_TUNED if t in fits]
     assert tiles(False) == [t for t in fa._FWD_SMALL if t in fits][:1]
     assert len(tiles(True)) > 1  # a large problem is timed over several candidates
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_small_tile_is_the_pruners_choice(d):
+    """Small problems launch at ``_small_tile`` without the autotuner: the tile its pruner keeps."""
+    import triton
+
+    for tuned, small, resident, streamed, n_resident in (
+        (fa._FWD_TUNED, fa._FWD_SMALL, "BLOCK_M", "BLOCK_N", 1),
+        (fa._BWD_TUNED, fa._BWD_SMALL, "BLOCK_N", "BLOCK_M", 2),
+    ):
+        configs = [
+            triton.Config({resident: r, streamed: st}, num_warps=w, num_stages=s)
+            for r, st, w, s in dict.fromkeys(tuned + small)
+        ]
+        prune = fa._pruner(resident, streamed, tuned, small, n_resident)
+        (kept,) = prune(configs, {}, HEAD_DIM=d, TUNE=False)
+        assert fa._small_tile(tuple(tuned), tuple(small), n_resident, d) == fa._tile(
+            kept, resident, streamed
+        )
+
+
+@pytest.mark.skipif(not device.GPU_MODE, reason="the fast path launches on a GPU only")
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n_q, n_kv, d", [(130, 130, 64), (77, 200, 128)])
+def test_fast_path_matches_the_autotuned_launch(monkeypatch, n_q, n_kv, d, causal, tma):
+    """A small problem's forward and backward go through ``_FAST`` (no autotuner, no per-call
+    binding) and give the very bits of the autotuner's launch, which picks the same tile."""
+    if causal and n_q != n_kv:
+        pytest.skip("causal needs Nq == Nk")
+    if tma and not fa.tma_available(torch.zeros(1, device=device.DEVICE)):
+        pytest.skip("needs TMA (Hopper+)")
+    q, k, v = _inputs(1, 3, n_q, n_kv, d, torch.bfloat16, seed=n_q)
+    do = torch.randn_like(q)
+    scale = d**-0.5
+    assert not fa._tune_all(3, n_q, n_kv)
+    for launcher in fa._FAST.values():
+        launcher.cache.clear()
+    fast = fa._forward(q, k, v, causal, scale, tma=tma)
+    fast += fa._backward(q, k, v, *fast, do, causal, scale)
+    assert all(launcher.cache for launcher in fa._FAST.values())  # each kernel took the path
+    monkeypatch.setattr(fa, "_fast", lambda tune: False)
+    slow = fa._forward(q, k, v, causal, scale, tma=tma)
+    slow += fa._backward(q, k, v, *slow, do, causal, scale)
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), fast, slow):
+        assert torch.equal(a, b), name
