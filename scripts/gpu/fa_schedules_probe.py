@@ -11,12 +11,17 @@ the implementations alternated, and the table gives the median over the rounds. 
 
 import functools
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 
-from kernels import bench
-from kernels import flash_attention as fa
-from kernels.cuda import fa_ws
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from fa_forward_timing import inputs, shape_for  # noqa: E402
+
+from kernels import bench  # noqa: E402
+from kernels import flash_attention as fa  # noqa: E402
+from kernels.cuda import fa_ws  # noqa: E402
 
 SEQS = (512, 1024, 2048, 8192)
 ROUNDS = 3
@@ -24,12 +29,10 @@ NAMES = [*fa_ws.SCHEDULES, "cudnn"]
 
 
 def main() -> None:
-    torch.manual_seed(0)
     times: dict[tuple, list[float]] = {}
     for rnd in range(ROUNDS):
         for n in SEQS:
-            shape = (16384 // n, 16, n, fa_ws.HEAD_DIM)
-            q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            q, k, v = inputs(shape_for(n), seed=n)  # the other forward probes' inputs
             for causal in (False, True):
                 fns = {
                     s: functools.partial(fa_ws.attention, q, k, v, causal, schedule=s)
