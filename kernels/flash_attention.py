@@ -162,8 +162,8 @@ def _fits(tile: tuple[int, int, int, int], n_resident: int, d: int) -> bool:
 
 @functools.cache
 def _small_tile(tuned: tuple, small: tuple, n_resident: int, d: int) -> tuple[int, int, int, int]:
-    """The tile a small problem runs with, as ``_pruner`` chooses it for TUNE false: the first of
-    ``small`` that fits shared memory, else the smallest of all."""
+    """The tile a small problem (TUNE false) runs with, through the fast path or ``_pruner``: the
+    first of ``small`` that fits shared memory, else the smallest of all."""
     fitting = [t for t in small if _fits(t, n_resident, d)]
     return fitting[0] if fitting else min(tuned + small)
 
@@ -181,8 +181,11 @@ def _pruner(resident: str, streamed: str, tuned: list, small: list, n_resident: 
             chosen = [by_shape[t] for t in tuned if t in by_shape]
             if chosen:
                 return chosen
-        chosen = [by_shape[t] for t in small if t in by_shape]
-        return chosen[:1] or [min(configs, key=lambda c: _tile(c, resident, streamed))]
+        tile = _small_tile(tuple(tuned), tuple(small), n_resident, d)
+        if tile in by_shape:
+            return [by_shape[tile]]
+        # None of SMALL fits, or the interpreter's single tile: the smallest configuration.
+        return [min(configs, key=lambda c: _tile(c, resident, streamed))]
 
     return prune
 
