@@ -286,3 +286,30 @@ def test_same_size_copy_is_measured_once_per_size(monkeypatch):
     assert first > 0 and roofs.same_size_copy(8000) == first
     roofs.same_size_copy(16000)
     assert calls == [8000, 16000]  # a copy of 1,000 fp32 values each way, then of 2,000
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fast launch runs on a GPU only")
+def test_host_cases_launch_through_the_fast_path_after_their_first_call(monkeypatch):
+    """Every op at a decode step's size (``host_cases``) launches its Triton kernels through
+    kernels.launch's cached binaries once a call has been seen: none of the later calls goes back
+    through Triton's binding or the autotuner (``_first``), which would cost tens of µs of host
+    time a call (a refused fast launch, say, that falls back every time)."""
+    from kernels import launch
+
+    slow = []
+    for cls in (launch.Launcher, launch.TunedLauncher):
+        first = cls._first
+
+        def counted(self, *args, _first=first, **kwargs):
+            slow.append(getattr(self.fn, "__name__", type(self.fn).__name__))
+            return _first(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "_first", counted)
+    for case in shapes.host_cases(quick=False):
+        ours = case.setup()[0]
+        ours(), ours()  # compiles, tunes and caches
+        slow.clear()
+        for _ in range(3):
+            ours()
+        torch.cuda.synchronize()
+        assert not slow, f"{case.op} {case.shape}: later calls went through Triton: {slow}"
