@@ -714,6 +714,18 @@ def _fast(tune: bool) -> bool:
     return device.GPU_MODE and not tune
 
 
+def _use_tma(tma: bool | None, k, v, fast: bool) -> bool:
+    """Whether the forward moves K/V with TMA: ``tma`` if given (True raises where TMA cannot
+    run), else wherever it can, except for problems on the fast path. Their two TMA descriptors
+    are encoded at every launch, which costs the host more than the copy engine saves on the
+    device at these sizes (page 3.4: 36-42 against 49-66 µs a call at one 128-token sequence)."""
+    if tma is None:
+        return tma_available(k, v) and not fast
+    if tma and not tma_available(k, v):
+        raise ValueError("tma=True needs a GPU with TMA (Hopper or newer) and 16-byte-aligned k, v")
+    return tma
+
+
 def _forward(
     q, k, v, causal: bool, sm_scale: float, tma: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -723,11 +735,9 @@ def _forward(
     lse = torch.empty(B, H, n_q, device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
-    use_tma = tma_available(k, v) if tma is None else tma
-    if use_tma and not tma_available(k, v):
-        raise ValueError("tma=True needs a GPU with TMA (Hopper or newer) and 16-byte-aligned k, v")
     tune = _tune_all(B * H, n_q, n_kv)
     fast = _fast(tune)
+    use_tma = _use_tma(tma, k, v, fast)
     if fast:
         bm, bn, warps, stages = _small_tile(tuple(_FWD_TUNED), tuple(_FWD_SMALL), 1, D)
     k_src, v_src = k, v
@@ -898,7 +908,8 @@ def attention(
     takes the CUDA forward from ``fa_ws.FASTER_FROM`` tokens and its backward from
     ``fa_ws_bwd.FASTER_FROM``, where they measured faster, and Triton's elsewhere.
     The Triton kernels' options: ``tma`` moves the forward's K/V tiles with the TMA copy engine
-    (Hopper+; default where it applies; both paths compute the same thing); ``backward``, how the
+    (Hopper+; the default where it applies, except for problems too small to autotune, whose
+    descriptors cost the host more than TMA saves; both paths compute the same thing); ``backward``, how the
     gradient computes dQ, one of ``BACKWARDS`` (the module docstring compares them). Under "auto",
     choosing ``tma`` or ``backward="atomic_dq"`` keeps that pass on Triton.
     """

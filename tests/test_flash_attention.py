@@ -262,6 +262,22 @@ def test_tma_needs_a_hopper_gpu():
         fa.attention(q, q, q, tma=True)
 
 
+@pytest.mark.parametrize("available", [False, True])
+def test_tma_by_default_for_tuned_problems_only(monkeypatch, available):
+    """Left to the default, TMA serves the problems large enough to autotune where it can run;
+    fast-path problems read K/V through pointers. An explicit choice is kept (or refused)."""
+    monkeypatch.setattr(fa, "tma_available", lambda *tensors: available)
+    k = v = _t(1, 1, 8, 64)
+    assert fa._use_tma(None, k, v, fast=False) is available
+    assert fa._use_tma(None, k, v, fast=True) is False
+    assert fa._use_tma(False, k, v, fast=False) is False
+    if available:
+        assert fa._use_tma(True, k, v, fast=True) is True
+    else:
+        with pytest.raises(ValueError, match="tma=True"):
+            fa._use_tma(True, k, v, fast=True)
+
+
 @pytest.mark.skipif(not device.GPU_MODE, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("causal", [False, True])
 def test_cuda_graph_capture(causal):
