@@ -14,7 +14,7 @@ int4 kernel run):
 
 Each split's result is checked against the default's first. The splits and torch.matmul (on the
 dequantized 16-bit weight) are alternated over ROUNDS rounds; the table gives the medians. The host
-record of results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-host-pointer-gemv.txt is what asked.
+profile that raised the question: results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-host-pointer-gemv.txt.
 """
 
 import argparse
