@@ -909,9 +909,10 @@ def attention(
     ``fa_ws_bwd.FASTER_FROM``, where they measured faster, and Triton's elsewhere.
     The Triton kernels' options: ``tma`` moves the forward's K/V tiles with the TMA copy engine
     (Hopper+; the default where it applies, except for problems too small to autotune, whose
-    descriptors cost the host more than TMA saves; both paths compute the same thing); ``backward``, how the
-    gradient computes dQ, one of ``BACKWARDS`` (the module docstring compares them). Under "auto",
-    choosing ``tma`` or ``backward="atomic_dq"`` keeps that pass on Triton.
+    descriptors cost the host more than TMA saves; both paths compute the same thing);
+    ``backward``, how the gradient computes dQ, one of ``BACKWARDS`` (the module docstring
+    compares them). Under "auto", choosing ``tma`` or ``backward="atomic_dq"`` keeps that pass on
+    Triton.
     """
     scale = _check(q, k, v, causal, sm_scale)
     if backward not in BACKWARDS:
