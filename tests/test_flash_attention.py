@@ -323,7 +323,8 @@ def test_pruner_follows_the_tune_flag(kernel, d):
         for c in configs
         if fa._fits_smem(c, resident, streamed, n_resident, d)
     }
-    assert tiles(True) == [t for t in tuned if t in fits] or tiles(True) == tiles(False)
+    # Where no TUNED tile fits (the backward's on a small GPU), a large problem gets the small one.
+    assert tiles(True) == ([t for t in tuned if t in fits] or tiles(False))
     assert tiles(False) == [t for t in small if t in fits][:1]
     if kernel == "fwd" and d == 64:
         assert len(tiles(True)) > 1  # a large problem is timed over several candidates

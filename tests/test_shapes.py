@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from kernels import bench, shapes
+from kernels import bench, device, shapes
 
 FIELDS = [
     "bench", "variant", "shape", "dtype", "ms", "gbps", "tflops", "baseline", "baseline_ms",
@@ -288,7 +288,7 @@ def test_same_size_copy_is_measured_once_per_size(monkeypatch):
     assert calls == [8000, 16000]  # a copy of 1,000 fp32 values each way, then of 2,000
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fast launch runs on a GPU only")
+@pytest.mark.skipif(not device.GPU_MODE, reason="the fast launch runs on a GPU only")
 def test_host_cases_launch_through_the_fast_path_after_their_first_call(monkeypatch):
     """Every op at a decode step's size (``host_cases``) launches its Triton kernels through
     kernels.launch's cached binaries once a call has been seen: none of the later calls goes back
