@@ -56,10 +56,10 @@ def cases(gemv_shapes, splits):
             yield (m, n, k, bits, default), fns
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="one tiny shape, two splits (the CPU test)")
-    smoke = p.parse_args().smoke
+    smoke = p.parse_args(argv).smoke
     gemv_shapes, splits, rounds = SMOKE.values() if smoke else (shapes.GEMV, SPLITS, ROUNDS)
     dev: dict[tuple, list[float]] = {}
     host: dict[tuple, list[float]] = {}
@@ -80,7 +80,8 @@ def main() -> None:
         print(
             f"{f'{m}, {n}, {k}':<18} {bits:>4} {default:>4} " + " ".join(f"{c:>15}" for c in cells)
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
