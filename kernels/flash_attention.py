@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, launch, roofline
+from kernels import _validate, bench, device, launch, replay, roofline
 from kernels import sdpa as _sdpa
 from kernels.launch import LOG2E, cdiv
 
@@ -758,6 +758,12 @@ def _forward(
     return o, lse
 
 
+@functools.cache
+def _placeholder(dev: torch.device) -> torch.Tensor:
+    """One fp32 element per device, kept: an allocation a backward call need not make."""
+    return torch.zeros(1, device=dev, dtype=torch.float32)
+
+
 def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, backward: str = "two_kernels"):
     B, H, n_q, D = q.shape
     n_kv = k.shape[2]
@@ -766,10 +772,12 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, backward: str 
         return dq, dk.zero_(), dv.zero_()
     atomic = backward == "atomic_dq"
     delta = torch.empty_like(lse)
-    # The fp32 dQ the atomic backward adds into (zeroed by the preprocess); else a placeholder of
-    # its own (the autotuner zeroes whatever dq_acc_ptr points to between its timing runs).
+    # The fp32 dQ the atomic backward adds into (zeroed by the preprocess); else a one-element
+    # placeholder no kernel reads (the autotuner zeroes whatever dq_acc_ptr points to).
     dq_acc = (
-        torch.empty(q.shape, device=q.device, dtype=torch.float32) if atomic else lse.new_empty(1)
+        torch.empty(q.shape, device=q.device, dtype=torch.float32)
+        if atomic
+        else _placeholder(q.device)
     )
     rows = B * H * n_q
     tune = _tune_all(B * H, n_q, n_kv)
@@ -839,6 +847,15 @@ def _cuda_backward(q, k, v, impl: str, backward: str) -> bool:
     return fa_ws.takes(q, k, v, fa_ws_bwd.FASTER_FROM) and fa_ws_bwd.built()
 
 
+def _dispatch_forward(q, k, v, causal: bool, sm_scale: float, tma, impl: str):
+    """The forward on the kernel ``impl`` picks: ``(o, lse, whether it was CUDA's)``."""
+    if _cuda_forward(q, k, v, impl, tma):
+        from kernels.cuda import fa_ws
+
+        return (*fa_ws.attention(q, k, v, causal, sm_scale), True)
+    return (*_forward(q, k, v, causal, sm_scale, tma), False)
+
+
 class FlashAttention(torch.autograd.Function):
     """The autograd node: saves q, k, v, o and the per-row log-sum-exp, never the N x N matrix.
     Both kernels keep the log-sum-exp in the same units (log2), so either backward can follow
@@ -856,13 +873,7 @@ class FlashAttention(torch.autograd.Function):
         backward="two_kernels",
         impl="auto",
     ):
-        cuda = _cuda_forward(q, k, v, impl, tma)
-        if cuda:
-            from kernels.cuda import fa_ws
-
-            o, lse = fa_ws.attention(q, k, v, causal, sm_scale)
-        else:
-            o, lse = _forward(q, k, v, causal, sm_scale, tma)
+        o, lse, cuda = _dispatch_forward(q, k, v, causal, sm_scale, tma, impl)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal = causal
         ctx.sm_scale = sm_scale
@@ -919,7 +930,10 @@ def attention(
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    return FlashAttention.apply(q, k, v, causal, scale, tma, backward, impl)
+    # Autograd's bookkeeping costs microseconds a call: pay it only when a gradient is wanted.
+    if replay.wants_grad(q, k, v):
+        return FlashAttention.apply(q, k, v, causal, scale, tma, backward, impl)
+    return _dispatch_forward(q, k, v, causal, scale, tma, impl)[0]
 
 
 def attention_with_lse(

@@ -278,6 +278,20 @@ def test_tma_by_default_for_tuned_problems_only(monkeypatch, available):
             fa._use_tma(True, k, v, fast=True)
 
 
+def test_attention_skips_autograd_without_grad():
+    """A call no gradient follows (inference, or inputs that need none) skips autograd's
+    bookkeeping, microseconds of host time a call, and gives the same output."""
+    q, k, v = _inputs(1, 2, 40, 40, 64, torch.float16)
+    plain = fa.attention(q, k, v)
+    assert plain.grad_fn is None
+    q.requires_grad_()
+    tracked = fa.attention(q, k, v)
+    assert tracked.grad_fn is not None
+    assert torch.equal(plain, tracked.detach())
+    with torch.no_grad():
+        assert fa.attention(q, k, v).grad_fn is None
+
+
 @pytest.mark.skipif(not device.GPU_MODE, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("causal", [False, True])
 def test_cuda_graph_capture(causal):
