@@ -925,15 +925,115 @@ def attention(
     compares them). Under "auto", choosing ``tma`` or ``backward="atomic_dq"`` keeps that pass on
     Triton.
     """
+    # The default options at a layout seen before, on a GPU: launched from C++ (kernels.replay).
+    replayable = _replayable(causal, sm_scale, tma, backward, impl)
+    if replayable:
+        o = replay.call(_REPLAY_OPS[causal], q, k, v, _setting(sm_scale))
+        if o is not None:
+            return o
     scale = _check(q, k, v, causal, sm_scale)
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if replayable:
+        _plan_native(q, k, v, causal, scale, _setting(sm_scale))
     # Autograd's bookkeeping costs microseconds a call: pay it only when a gradient is wanted.
     if replay.wants_grad(q, k, v):
         return FlashAttention.apply(q, k, v, causal, scale, tma, backward, impl)
     return _dispatch_forward(q, k, v, causal, scale, tma, impl)[0]
+
+
+# ----------------------------------------------------------------------------- the C++ launch path
+
+# Slots of kernels.replay's plans: the inputs, what the forward allocates (the backward gets them
+# back as saved tensors), then dO and what the backward allocates.
+_Q, _K, _V, _O, _LSE, _DO, _DELTA, _DQ, _DK, _DV = range(10)
+_REPLAY_OPS = {False: replay.ATTENTION, True: replay.ATTENTION_CAUSAL}
+
+
+def _replayable(causal, sm_scale, tma, backward, impl) -> bool:
+    """Whether a call may take the C++ path: the default options, and settings C++ keys exactly
+    (a bool ``causal``, a float or int ``sm_scale`` or None); anything else takes Python's path,
+    whose checks name what is wrong."""
+    return (
+        tma is None
+        and backward == "two_kernels"
+        and impl == "auto"
+        and type(causal) is bool
+        and (sm_scale is None or type(sm_scale) in (float, int))
+    )
+
+
+def _setting(sm_scale) -> float:
+    """The plan key's setting: the scale as given, 0 for the default (no valid scale is 0)."""
+    return 0.0 if sm_scale is None else float(sm_scale)
+
+
+def _plan_native(q, k, v, causal: bool, scale: float, setting: float) -> None:
+    """Give kernels.replay this layout's plan (checked inputs only) where the Python path launches
+    fixed tiles through ``_FAST`` in both directions: problems too small to autotune, on the
+    Triton kernels (not where "auto" takes the CUDA ones of page 4.12), K/V through pointers."""
+    if not replay.planning(q) or _tune_all(q.shape[0] * q.shape[1], q.shape[2], k.shape[2]):
+        return
+    from kernels.cuda import fa_ws
+
+    # Not where "auto" may take them (the backward follows the forward's kernels): which it does
+    # depends on the GPU, nvcc and the environment, none of them in the plan's key.
+    if fa_ws.shape_fits(q, k, fa_ws.FASTER_FROM):
+        return
+    replay.build(_native_plan, q, k, v, causal, scale, setting)
+
+
+def _native_plan(q, k, v, causal: bool, scale: float, setting: float) -> None:
+    """The launches of ``_forward`` and ``_backward`` on the fast path, as a plan."""
+    S, A = replay.Slot, replay.Alloc
+    B, H, n_q, D = q.shape
+    n_kv = k.shape[2]
+    slots = [None] * replay.N_SLOTS
+    slots[_Q], slots[_K], slots[_V] = q, k, v
+    lse_shape = (B, H, n_q)
+    fwd_allocs = [
+        A(replay.LIKE, _O, _Q),
+        A(replay.NEW, _LSE, _Q, dtype=replay.FP32, shape=lse_shape),
+    ]
+    replay.materialize(fwd_allocs, slots)
+    bm, bn, warps, stages = _small_tile(tuple(_FWD_TUNED), tuple(_FWD_SMALL), 1, D)
+    meta = {"HEAD_DIM": D, "CAUSAL": causal, "USE_TMA": False, "TUNE": False, "BLOCK_M": bm,
+            "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}  # fmt: skip
+    args = (S(_Q), S(_K), S(_V), S(_O), S(_LSE), scale, n_q, n_kv)
+    steps = [_step(_attn_fwd_kernel.fn, (cdiv(n_q, bm), B * H), args, slots, meta)]
+    fwd = replay.Program(fwd_allocs, steps)
+
+    slots[_DO] = torch.empty_like(q)  # what the compile sees for dO: fresh, contiguous
+    bwd_allocs = [A(replay.NEW, _DELTA, _Q, dtype=replay.FP32, shape=lse_shape),
+                  A(replay.LIKE, _DQ, _Q), A(replay.LIKE, _DK, _K), A(replay.LIKE, _DV, _V)]  # fmt: skip
+    replay.materialize(bwd_allocs, slots)
+    rows, pre_block = B * H * n_q, 64
+    # dq_acc is a pointer no kernel of the two-kernel backward reads: the lse slot will do.
+    args = (S(_O), S(_DO), S(_DELTA), S(_LSE), rows)
+    meta = {"HEAD_DIM": D, "BLOCK_M": pre_block, "ZERO_DQ": False}
+    steps = [_step(_attn_bwd_preprocess_kernel, (cdiv(rows, pre_block),), args, slots, meta)]
+    bn, bm, warps, stages = _small_tile(tuple(_BWD_TUNED), tuple(_BWD_SMALL), 2, D)
+    args = (S(_Q), S(_K), S(_V), S(_DO), S(_LSE), S(_DELTA), S(_DK), S(_DV), S(_LSE), S(_LSE),
+            scale, n_q, n_kv)  # fmt: skip
+    meta = {"HEAD_DIM": D, "CAUSAL": causal, "ATOMIC_DQ": False, "DQ_TMA": False, "TUNE": False,
+            "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}  # fmt: skip
+    steps.append(_step(_attn_bwd_dkdv_kernel.fn, (cdiv(n_kv, bn), B * H), args, slots, meta))
+    bm, bn, warps, stages = _small_tile(tuple(_BWD_TUNED), tuple(_BWD_SMALL), 2, D)
+    args = (S(_Q), S(_K), S(_V), S(_DO), S(_LSE), S(_DELTA), S(_DQ), scale, n_q, n_kv)
+    meta = {"HEAD_DIM": D, "CAUSAL": causal, "TUNE": False, "BLOCK_M": bm, "BLOCK_N": bn,
+            "num_warps": warps, "num_stages": stages}  # fmt: skip
+    steps.append(_step(_attn_bwd_dq_kernel.fn, (cdiv(n_q, bm), B * H), args, slots, meta))
+    bwd = replay.Program(bwd_allocs, steps)
+    op = _REPLAY_OPS[causal]
+    replay.add(op, q, k, v, setting, fwd, fwd, bwd, _O, _DO, [_Q, _K, _V, _O, _LSE],
+               [_DQ, _DK, _DV])  # fmt: skip
+
+
+def _step(kernel, grid, args, slots, meta) -> replay.Step:
+    """One launch of a plan, compiled for the slots' tensors (``warmup`` compiles without running)."""
+    return replay.Step(kernel.warmup(*replay.real(args, slots), grid=grid, **meta), grid, args)
 
 
 def attention_with_lse(

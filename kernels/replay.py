@@ -1,12 +1,14 @@
-"""Row-wise ops (and vector add) launched from C++: the host path PyTorch's own ops take.
+"""Row-wise ops, vector add and small attention problems launched from C++: the host path
+PyTorch's own ops take.
 
-A decode step or a small training batch calls a norm or a softmax on a few rows, where the kernel
-takes a few µs and the host's work per call decides the time. ``kernels.launch.Launcher`` already
-skips Triton's argument binding; what remains is Python itself: the checks, the plan lookup, the
-allocations, and (in the backward) an autograd node written in Python, which runs on the autograd
-engine's thread and must take the GIL. Measured on an H100 host at one row of 4,096 (bf16, host
-wall time per call, scripts/gpu/replay_host_probe.py): the RMSNorm forward cost 17.6 µs from
-Python, 8.8 µs from here, 13.0 µs as PyTorch's op; a whole backward 139, 86.5 and 105.5 µs.
+A decode step or a small training batch calls a norm or a softmax on a few rows, or attention
+on one short sequence, where the kernel takes a few µs and the host's work per call decides the
+time. ``kernels.launch.Launcher`` already skips Triton's argument binding; what remains is Python
+itself: the checks, the plan lookup, the allocations, and (in the backward) an autograd node
+written in Python, which runs on the autograd engine's thread and must take the GIL. Measured on
+an H100 host at one row of 4,096 (bf16, host wall time per call,
+scripts/gpu/replay_host_probe.py): the RMSNorm forward cost 17.6 µs from Python, 8.8 µs from
+here, 13.0 µs as PyTorch's op; a whole backward 139, 86.5 and 105.5 µs.
 
 This module moves that path to C++ (``kernels/cuda/replay.cpp``) without moving any kernel: the
 first call of a layout runs the Python path (checks, configuration, Triton compiles), and the op
@@ -14,9 +16,9 @@ then hands C++ a *plan*: which tensors to allocate and which compiled kernels to
 parameters, for the forward (with and without the statistics the backward reads) and the
 backward. Later calls of that layout go straight to C++, which allocates, launches with
 ``cuLaunchKernel`` on the current stream, and records a C++ autograd node whose backward never
-enters Python. A plan names tensors by *slot*: 0, 1, 2 are the op's inputs (x, weight, bias; vector
-add's y sits in slot 1), the others what the plan allocates; a kernel parameter is a slot's pointer
-plus a byte offset, an integer, an fp32, or a null pointer.
+enters Python. A plan names tensors by *slot*: 0, 1, 2 are the op's inputs (x, weight, bias;
+vector add's y sits in slot 1; attention's q, k, v), the others what the plan allocates; a kernel
+parameter is a slot's pointer plus a byte offset, an integer, an fp32, or a null pointer.
 
 The extension is built on first use (a C++ compile of about a minute, once per machine: torch
 caches it). On a CPU, in the interpreter, without a CUDA toolkit, with ``launch.FAST = False``,
@@ -44,7 +46,7 @@ SAME_DTYPE, FP32 = -1, 0  # a NEW slot's dtype: its source slot's, or fp32
 N_SLOTS = 16
 # The ops the C++ side keys its plans by (it reads nothing else into them: a new op needs a number
 # here, not a change there).
-RMS_NORM, LAYER_NORM, SOFTMAX, ADD = range(4)
+RMS_NORM, LAYER_NORM, SOFTMAX, ADD, ATTENTION, ATTENTION_CAUSAL = range(6)
 
 ENV = "GPU_BRRR_NATIVE"
 NAME = "gpu_brrr_replay"  # the extension's name in torch's build cache

@@ -278,6 +278,19 @@ def test_tma_by_default_for_tuned_problems_only(monkeypatch, available):
             fa._use_tma(True, k, v, fast=True)
 
 
+def test_only_default_options_take_the_cpp_launch_path():
+    """kernels.replay keys a plan by the layout, ``causal`` (the op) and the scale (the setting):
+    any other option, or a setting it could not key exactly, takes the Python path."""
+    assert fa._replayable(False, None, None, "two_kernels", "auto")
+    assert fa._replayable(True, 0.125, None, "two_kernels", "auto")
+    assert fa._replayable(True, 1, None, "two_kernels", "auto")
+    for args in [(1, None, None, "two_kernels", "auto"), (False, True, None, "two_kernels", "auto"),
+                 (False, "0.1", None, "two_kernels", "auto"), (False, None, False, "two_kernels", "auto"),
+                 (False, None, None, "atomic_dq", "auto"), (False, None, None, "two_kernels", "triton")]:  # fmt: skip
+        assert not fa._replayable(*args), args
+    assert fa._setting(None) == 0.0 and fa._setting(2) == 2.0
+
+
 def test_attention_skips_autograd_without_grad():
     """A call no gradient follows (inference, or inputs that need none) skips autograd's
     bookkeeping, microseconds of host time a call, and gives the same output."""

@@ -1,4 +1,4 @@
-"""kernels.replay: row-wise ops launched from C++ once a layout has a plan.
+"""kernels.replay: row-wise ops and small attention problems launched from C++ once a layout has a plan.
 
 On a CPU the encoding of a launch (what replay.cpp is handed) is tested against stand-ins for
 Triton's compiled kernels; on a GPU every op is run twice per layout, the second call through C++,
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels import device, norms, replay, softmax, vector_add
+from kernels import flash_attention as fa
 
 # ----------------------------------------------------------------------------- CPU: the encoding
 
@@ -145,6 +146,8 @@ def python_path_forbidden(monkeypatch):
         monkeypatch.setattr(norms, "_backward", forbid)
         monkeypatch.setattr(softmax, "_softmax_forward", forbid)
         monkeypatch.setattr(softmax, "_softmax_backward", forbid)
+        monkeypatch.setattr(fa, "_dispatch_forward", forbid)
+        monkeypatch.setattr(fa, "_backward", forbid)
 
     return forbid_all
 
@@ -249,6 +252,73 @@ def test_vector_add_replay_matches_python_path_exactly(monkeypatch, shape, dtype
     monkeypatch.undo()
     with pytest.raises(ValueError, match="same shape"):
         vector_add.add(x, y.flatten()[:-1].clone())
+
+
+# Problems too small to autotune (one short sequence, a decode-sized batch), odd lengths, both head
+# dims, a given scale; none that "auto" may hand to the CUDA kernels (bf16, d 128, 512+ tokens).
+ATTENTION_CASES = [((1, 16, 128, 128), False, None), ((1, 16, 128, 64), True, None),
+                   ((2, 3, 77, 64), True, 0.3), ((1, 4, 300, 128), False, 0.1),
+                   ((3, 2, 33, 128), True, None)]  # fmt: skip
+
+
+def _attention_grads(q, k, v, do, causal, scale):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o = fa.attention(*leaves, causal, scale)
+    return (o, *torch.autograd.grad(o, leaves, do))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape, causal, scale", ATTENTION_CASES)
+def test_attention_replay_matches_python_path_exactly(
+    shape, causal, scale, dtype, python_path_forbidden
+):
+    q, k, v, do = (torch.randn(shape, device=device.DEVICE, dtype=dtype) for _ in range(4))
+    n = replay.module().plan_count()
+    first = _attention_grads(q, k, v, do, causal, scale)  # Python path; it hands C++ the plan
+    nograd_first = fa.attention(q, k, v, causal, scale)
+    assert replay.module().plan_count() == n + 1
+    python_path_forbidden()
+    second = _attention_grads(q, k, v, do, causal, scale)
+    for name, a, r in zip(("o", "dq", "dk", "dv"), second, first):
+        assert a.dtype == r.dtype and a.shape == r.shape, name
+        torch.testing.assert_close(a, r, rtol=0, atol=0, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            fa.attention(q, k, v, causal, scale), nograd_first, rtol=0, atol=0
+        )
+    ref = fa.attention_ref(q, k, v, causal, scale)
+    assert ((second[0].float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@gpu
+def test_attention_replay_keys_the_scale_and_the_options(python_path_forbidden):
+    """Another scale is another plan (with its own answer); the Triton options and the CUDA
+    kernels' own problems are never replayed; bad input still gets the Python path's errors."""
+    q, k, v = (
+        torch.randn(1, 2, 64, 64, device=device.DEVICE, dtype=torch.float16) for _ in range(3)
+    )
+    fa.attention(q, k, v)
+    n = replay.module().plan_count()
+    fa.attention(q, k, v)
+    assert replay.module().plan_count() == n
+    o = fa.attention(q, k, v, sm_scale=0.5)
+    assert replay.module().plan_count() == n + 1
+    ref = fa.attention_ref(q, k, v, sm_scale=0.5)
+    assert ((o.float() - ref).norm() / ref.norm()).item() < 1e-2
+    long = torch.randn(1, 2, 512, 128, device=device.DEVICE, dtype=torch.bfloat16)
+    fa.attention(long, long, long)  # "auto" may take the CUDA forward here: not planned
+    fa.attention(q, k, v, impl="triton")
+    assert replay.module().plan_count() == n + 1
+    with pytest.raises(ValueError, match="sm_scale"):
+        fa.attention(q, k, v, sm_scale=-1.0)
+    with pytest.raises(ValueError, match="same head_dim"):
+        fa.attention(q, k[..., :32].contiguous(), v)
+    python_path_forbidden()
+    for call in (lambda: fa.attention(q, k, v, tma=False), lambda: fa.attention(long, long, long)):
+        with pytest.raises(AssertionError, match="not replayed"):
+            call()
+    torch.testing.assert_close(fa.attention(q, k, v, sm_scale=0.5), o, rtol=0, atol=0)
 
 
 @gpu

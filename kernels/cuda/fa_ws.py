@@ -76,13 +76,20 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, from_tokens: int) -
     on the GPU, N >= from_tokens, on an sm_90 GPU with nvcc, unless ``ENV`` is "0". The shape tests
     come first, so a call that cannot take the path never asks the GPU anything."""
     return (
+        shape_fits(q, k, from_tokens)
+        and q.is_cuda
+        and os.environ.get(ENV, "1") != "0"
+        and unavailable_reason() is None
+    )
+
+
+def shape_fits(q: torch.Tensor, k: torch.Tensor, from_tokens: int) -> bool:
+    """``takes``' test of the inputs alone (not of the GPU or the environment)."""
+    return (
         q.dtype == torch.bfloat16
         and q.shape[-1] == HEAD_DIM
         and q.shape[2] >= from_tokens
         and k.shape == q.shape
-        and q.is_cuda
-        and os.environ.get(ENV, "1") != "0"
-        and unavailable_reason() is None
     )
 
 
