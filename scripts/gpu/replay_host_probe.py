@@ -1,5 +1,5 @@
-"""Host cost per call of the row-wise ops: the Python launch path, the C++ one (kernels.replay),
-and PyTorch's own op, in one run.
+"""Host cost per call of the row-wise ops and of small attention problems: the Python launch path,
+the C++ one (kernels.replay), and PyTorch's own op, in one run.
 
 For each op and shape, three callables run the same work: ours with ``replay.ON = False`` (every
 call down the Python path: checks, plan lookup, ``Launcher``, a Python autograd node), ours with
@@ -18,19 +18,24 @@ Forward rows call the op under ``torch.no_grad``; backward rows call ``torch.aut
 kept forward (``kernels.shapes.grad_call``). Three rounds, the paths' order rotated; each number is
 the least of the three.
 
-    python scripts/gpu/replay_host_probe.py
+    python scripts/gpu/replay_host_probe.py [--ops rms_norm layer_norm softmax attention]
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
 import triton
 
 from kernels import bench, norms, replay, shapes, softmax
+from kernels import flash_attention as fa
 
 SHAPES = [(1, 4096), (8, 4096), (64, 1024), (4096, 1024)]
+# [B, H, N, D]: one 128-token sequence at both head dims, a batch of eight, one tiny head.
+ATTENTION_SHAPES = [(1, 16, 128, 128), (1, 16, 128, 64), (8, 16, 128, 128), (1, 1, 16, 64)]
+OPS = ("rms_norm", "layer_norm", "softmax", "attention")
 ROUNDS = 3
 PATHS = ("python", "c++", "torch")
 
@@ -44,8 +49,13 @@ def device_us(fn) -> float:
     return bench.measure(fn, device_only=True, warmup_ms=10, rep_ms=40).ms * 1e3
 
 
-def ops(kind: str, rows: int, cols: int):
+def ops(kind: str, shape: tuple):
     """(ours, PyTorch's) forward callables and their inputs, bf16."""
+    if kind == "attention":  # q, k, v in the places of x, weight, bias
+        q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        return (fa.attention, sdpa, q, k, v, do)
+    rows, cols = shape
     x, w, b, dy = norms.make_inputs(rows, cols, torch.bfloat16)
     if kind == "rms_norm":
         return (lambda x, w, b: norms.rms_norm(x, w),
@@ -57,8 +67,8 @@ def ops(kind: str, rows: int, cols: int):
             lambda x, w, b: torch.softmax(x, dim=-1), x * 4, None, None, dy)  # fmt: skip
 
 
-def callables(kind: str, rows: int, cols: int, backward: bool) -> dict:
-    ours, theirs, x, w, b, dy = ops(kind, rows, cols)
+def callables(kind: str, shape: tuple, backward: bool) -> dict:
+    ours, theirs, x, w, b, dy = ops(kind, shape)
     if not backward:
 
         def nograd(f):
@@ -76,9 +86,9 @@ def callables(kind: str, rows: int, cols: int, backward: bool) -> dict:
     }
 
 
-def measure(kind, rows, cols, backward) -> dict:
+def measure(kind, shape, backward) -> dict:
     res: dict = {}
-    fns = callables(kind, rows, cols, backward)
+    fns = callables(kind, shape, backward)
     order = list(PATHS)
     for rnd in range(ROUNDS):
         for path in order[rnd % 3 :] + order[: rnd % 3]:
@@ -94,23 +104,26 @@ def measure(kind, rows, cols, backward) -> dict:
     return {k: min(v) for k, v in res.items()}
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    args = parser.parse_args(argv)
     assert replay.enabled(), "the C++ launch path did not build here"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     print(f"bf16; least of {ROUNDS} rounds; µs per call")
     head = " ".join(f"{p:>7s}" for p in PATHS)
-    print(f"{'case':28s} wall: {head} | CPU: {head} | device: {head}")
+    print(f"{'case':30s} wall: {head} | CPU: {head} | device: {head}")
     for backward in (False, True):
-        for kind in ("rms_norm", "layer_norm", "softmax"):
-            for rows, cols in SHAPES:
-                m = measure(kind, rows, cols, backward)
-                name = f"{kind}_{'bwd' if backward else 'fwd'} {rows}x{cols}"
+        for kind in args.ops:
+            for shape in ATTENTION_SHAPES if kind == "attention" else SHAPES:
+                m = measure(kind, shape, backward)
+                name = f"{kind}_{'bwd' if backward else 'fwd'} {'x'.join(map(str, shape))}"
                 cells = [
                     " ".join(f"{m[clock, p]:7.1f}" for p in PATHS)
                     for clock in ("wall", "cpu", "dev")
                 ]
                 print(
-                    f"{name:28s}       {cells[0]} |      {cells[1]} |         {cells[2]}",
+                    f"{name:30s}       {cells[0]} |      {cells[1]} |         {cells[2]}",
                     flush=True,
                 )
 
