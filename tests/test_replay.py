@@ -271,13 +271,15 @@ def _attention_grads(q, k, v, do, causal, scale):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape, causal, scale", ATTENTION_CASES)
 def test_attention_replay_matches_python_path_exactly(
-    shape, causal, scale, dtype, python_path_forbidden
+    shape, causal, scale, dtype, python_path_forbidden, monkeypatch
 ):
     q, k, v, do = (torch.randn(shape, device=device.DEVICE, dtype=dtype) for _ in range(4))
     n = replay.module().plan_count()
     first = _attention_grads(q, k, v, do, causal, scale)  # Python path; it hands C++ the plan
-    nograd_first = fa.attention(q, k, v, causal, scale)
     assert replay.module().plan_count() == n + 1
+    with monkeypatch.context() as m:
+        m.setattr(replay, "ON", False)
+        nograd_first = fa.attention(q, k, v, causal, scale)  # the Python path without autograd
     python_path_forbidden()
     second = _attention_grads(q, k, v, do, causal, scale)
     for name, a, r in zip(("o", "dq", "dk", "dv"), second, first):
@@ -307,17 +309,17 @@ def test_attention_replay_keys_the_scale_and_the_options(python_path_forbidden):
     ref = fa.attention_ref(q, k, v, sm_scale=0.5)
     assert ((o.float() - ref).norm() / ref.norm()).item() < 1e-2
     long = torch.randn(1, 2, 512, 128, device=device.DEVICE, dtype=torch.bfloat16)
-    fa.attention(long, long, long)  # "auto" may take the CUDA forward here: not planned
+    fa._plan_native(long, long, long, False, 0.1, 0.0)  # "auto" may take the CUDA forward here
     fa.attention(q, k, v, impl="triton")
     assert replay.module().plan_count() == n + 1
     with pytest.raises(ValueError, match="sm_scale"):
         fa.attention(q, k, v, sm_scale=-1.0)
+    k32 = k[..., :32].contiguous()
     with pytest.raises(ValueError, match="same head_dim"):
-        fa.attention(q, k[..., :32].contiguous(), v)
+        fa.attention(q, k32, k32)
     python_path_forbidden()
-    for call in (lambda: fa.attention(q, k, v, tma=False), lambda: fa.attention(long, long, long)):
-        with pytest.raises(AssertionError, match="not replayed"):
-            call()
+    with pytest.raises(AssertionError, match="not replayed"):
+        fa.attention(q, k, v, tma=False)
     torch.testing.assert_close(fa.attention(q, k, v, sm_scale=0.5), o, rtol=0, atol=0)
 
 
