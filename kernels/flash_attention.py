@@ -739,23 +739,53 @@ def _forward(
     fast = _fast(tune)
     use_tma = _use_tma(tma, k, v, fast)
     if fast:
-        bm, bn, warps, stages = _small_tile(tuple(_FWD_TUNED), tuple(_FWD_SMALL), 1, D)
+        grid, meta = _fast_fwd(q.shape, causal, use_tma)
     k_src, v_src = k, v
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        block = [bn if fast else 16, D]  # else replaced per configuration by _set_kv_blocks
+        # Through the autotuner _set_kv_blocks replaces the block per configuration.
+        block = [meta["BLOCK_N"] if fast else 16, D]
         k_src = TensorDescriptor.from_tensor(k.view(B * H * n_kv, D), block)
         v_src = TensorDescriptor.from_tensor(v.view(B * H * n_kv, D), block)
     args = (q, k_src, v_src, o, lse, sm_scale, n_q, n_kv)
-    meta = {"HEAD_DIM": D, "CAUSAL": causal, "USE_TMA": use_tma, "TUNE": tune}
     if fast:
         key = (q.dtype, *map(launch.aligned, (q, k, v)), n_q, n_kv, *meta.values())
-        _FAST["fwd"](key, (cdiv(n_q, bm), B * H), args, **meta, BLOCK_M=bm, BLOCK_N=bn,
-                     num_warps=warps, num_stages=stages)  # fmt: skip
+        _FAST["fwd"](key, grid, args, **meta)
     else:
+        meta = {"HEAD_DIM": D, "CAUSAL": causal, "USE_TMA": use_tma, "TUNE": tune}
         _attn_fwd_kernel[lambda m: (cdiv(n_q, m["BLOCK_M"]), B * H)](*args, **meta)
     return o, lse
+
+
+# The backward's preprocess: rows of o and dO a program.
+_PRE_BLOCK = 64
+
+
+def _fast_fwd(shape, causal: bool, use_tma: bool) -> tuple[tuple, dict]:
+    """The forward's launch on the fast path, ``(grid, meta)``: its fixed tile (``_small_tile``,
+    the autotuner's own choice for a small problem). ``shape`` is q's, ``[B, H, Nq, D]``."""
+    B, H, n_q, D = shape
+    bm, bn, warps, stages = _small_tile(tuple(_FWD_TUNED), tuple(_FWD_SMALL), 1, D)
+    meta = {"HEAD_DIM": D, "CAUSAL": causal, "USE_TMA": use_tma, "TUNE": False, "BLOCK_M": bm,
+            "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}  # fmt: skip
+    return (cdiv(n_q, bm), B * H), meta
+
+
+def _fast_bwd(shape, n_kv: int, causal: bool, atomic: bool, dq_tma: bool) -> dict:
+    """The backward's two tiled launches on the fast path, ``{"dkdv" | "dq": (grid, meta)}``. One
+    tile serves both: (rows owned, rows a step of the loop, warps, stages), the owned rows keys
+    in the dK/dV kernel and queries in the dQ kernel."""
+    B, H, n_q, D = shape
+    owned, step, warps, stages = _small_tile(tuple(_BWD_TUNED), tuple(_BWD_SMALL), 2, D)
+    common = {"HEAD_DIM": D, "CAUSAL": causal, "TUNE": False}
+    launch_opts = {"num_warps": warps, "num_stages": stages}
+    dkdv = {**common, "ATOMIC_DQ": atomic, "DQ_TMA": dq_tma, "BLOCK_M": step, "BLOCK_N": owned}
+    dq = {**common, "BLOCK_M": owned, "BLOCK_N": step}
+    return {
+        "dkdv": ((cdiv(n_kv, owned), B * H), {**dkdv, **launch_opts}),
+        "dq": ((cdiv(n_q, owned), B * H), {**dq, **launch_opts}),
+    }
 
 
 @functools.cache
@@ -784,40 +814,43 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, backward: str 
     fast = _fast(tune)
     # The layout every launch's key shares (each kernel adds what else it specialises on).
     layout = (q.dtype, *map(launch.aligned, (q, k, v, do)), n_q, n_kv, D, causal)
-    pre_block = 64
     _FAST["pre"](
-        (*layout, atomic), (cdiv(rows, pre_block),), (o, do, delta, dq_acc, rows),
-        HEAD_DIM=D, BLOCK_M=pre_block, ZERO_DQ=atomic,
+        (*layout, atomic), (cdiv(rows, _PRE_BLOCK),), (o, do, delta, dq_acc, rows),
+        HEAD_DIM=D, BLOCK_M=_PRE_BLOCK, ZERO_DQ=atomic,
     )  # fmt: skip
-    # The dK/dV tile: (key rows owned, query rows a step, warps, stages).
-    bn, bm, warps, stages = (
-        _small_tile(tuple(_BWD_TUNED), tuple(_BWD_SMALL), 2, D) if fast else (0,) * 4
-    )
     # On Hopper the dQ adds go out as TMA bulk reductions (a descriptor over dq_acc as rows).
     dq_tma = atomic and tma_available(dq_acc)
+    if fast:
+        launches = _fast_bwd(q.shape, n_kv, causal, atomic, dq_tma)
     dq_desc = dq_acc
     if dq_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         # One step's query rows; through the autotuner _set_dq_block sets them per configuration.
-        dq_desc = TensorDescriptor.from_tensor(dq_acc.view(rows, D), [bm if fast else 16, D])
+        block = [launches["dkdv"][1]["BLOCK_M"] if fast else 16, D]
+        dq_desc = TensorDescriptor.from_tensor(dq_acc.view(rows, D), block)
     args = (q, k, v, do, lse, delta, dk, dv, dq_acc, dq_desc, sm_scale, n_q, n_kv)
-    meta = {"HEAD_DIM": D, "CAUSAL": causal, "ATOMIC_DQ": atomic, "DQ_TMA": dq_tma, "TUNE": tune}
     if fast:
-        _FAST["dkdv"]((*layout, atomic, dq_tma), (cdiv(n_kv, bn), B * H), args, **meta,
-                      BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)  # fmt: skip
+        grid, meta = launches["dkdv"]
+        _FAST["dkdv"]((*layout, atomic, dq_tma), grid, args, **meta)
     else:
+        meta = {
+            "HEAD_DIM": D,
+            "CAUSAL": causal,
+            "ATOMIC_DQ": atomic,
+            "DQ_TMA": dq_tma,
+            "TUNE": tune,
+        }
         _attn_bwd_dkdv_kernel[lambda m: (cdiv(n_kv, m["BLOCK_N"]), B * H)](*args, **meta)
     if atomic:
         dq.copy_(dq_acc)  # fp32 -> fp16/bf16, one launch
         return dq, dk, dv
     args = (q, k, v, do, lse, delta, dq, sm_scale, n_q, n_kv)
-    meta = {"HEAD_DIM": D, "CAUSAL": causal, "TUNE": tune}
     if fast:
-        bm, bn, warps, stages = _small_tile(tuple(_BWD_TUNED), tuple(_BWD_SMALL), 2, D)
-        _FAST["dq"](layout, (cdiv(n_q, bm), B * H), args, **meta, BLOCK_M=bm, BLOCK_N=bn,
-                    num_warps=warps, num_stages=stages)  # fmt: skip
+        grid, meta = launches["dq"]
+        _FAST["dq"](layout, grid, args, **meta)
     else:
+        meta = {"HEAD_DIM": D, "CAUSAL": causal, "TUNE": tune}
         _attn_bwd_dq_kernel[lambda m: (cdiv(n_q, m["BLOCK_M"]), B * H)](*args, **meta)
     return dq, dk, dv
 
@@ -998,40 +1031,33 @@ def _native_plan(q, k, v, causal: bool, scale: float, setting: float) -> None:
         A(replay.NEW, _LSE, _Q, dtype=replay.FP32, shape=lse_shape),
     ]
     replay.materialize(fwd_allocs, slots)
-    bm, bn, warps, stages = _small_tile(tuple(_FWD_TUNED), tuple(_FWD_SMALL), 1, D)
-    meta = {"HEAD_DIM": D, "CAUSAL": causal, "USE_TMA": False, "TUNE": False, "BLOCK_M": bm,
-            "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}  # fmt: skip
     args = (S(_Q), S(_K), S(_V), S(_O), S(_LSE), scale, n_q, n_kv)
-    steps = [_step(_attn_fwd_kernel.fn, (cdiv(n_q, bm), B * H), args, slots, meta)]
-    fwd = replay.Program(fwd_allocs, steps)
+    fwd = replay.Program(
+        fwd_allocs, [_step(_attn_fwd_kernel.fn, args, slots, *_fast_fwd(q.shape, causal, False))]
+    )
 
     slots[_DO] = torch.empty_like(q)  # what the compile sees for dO: fresh, contiguous
     bwd_allocs = [A(replay.NEW, _DELTA, _Q, dtype=replay.FP32, shape=lse_shape),
                   A(replay.LIKE, _DQ, _Q), A(replay.LIKE, _DK, _K), A(replay.LIKE, _DV, _V)]  # fmt: skip
     replay.materialize(bwd_allocs, slots)
-    rows, pre_block = B * H * n_q, 64
+    rows = B * H * n_q
     # dq_acc is a pointer no kernel of the two-kernel backward reads: the lse slot will do.
     args = (S(_O), S(_DO), S(_DELTA), S(_LSE), rows)
-    meta = {"HEAD_DIM": D, "BLOCK_M": pre_block, "ZERO_DQ": False}
-    steps = [_step(_attn_bwd_preprocess_kernel, (cdiv(rows, pre_block),), args, slots, meta)]
-    bn, bm, warps, stages = _small_tile(tuple(_BWD_TUNED), tuple(_BWD_SMALL), 2, D)
+    meta = {"HEAD_DIM": D, "BLOCK_M": _PRE_BLOCK, "ZERO_DQ": False}
+    steps = [_step(_attn_bwd_preprocess_kernel, args, slots, (cdiv(rows, _PRE_BLOCK),), meta)]
+    launches = _fast_bwd(q.shape, n_kv, causal, False, False)
     args = (S(_Q), S(_K), S(_V), S(_DO), S(_LSE), S(_DELTA), S(_DK), S(_DV), S(_LSE), S(_LSE),
             scale, n_q, n_kv)  # fmt: skip
-    meta = {"HEAD_DIM": D, "CAUSAL": causal, "ATOMIC_DQ": False, "DQ_TMA": False, "TUNE": False,
-            "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}  # fmt: skip
-    steps.append(_step(_attn_bwd_dkdv_kernel.fn, (cdiv(n_kv, bn), B * H), args, slots, meta))
-    bm, bn, warps, stages = _small_tile(tuple(_BWD_TUNED), tuple(_BWD_SMALL), 2, D)
+    steps.append(_step(_attn_bwd_dkdv_kernel.fn, args, slots, *launches["dkdv"]))
     args = (S(_Q), S(_K), S(_V), S(_DO), S(_LSE), S(_DELTA), S(_DQ), scale, n_q, n_kv)
-    meta = {"HEAD_DIM": D, "CAUSAL": causal, "TUNE": False, "BLOCK_M": bm, "BLOCK_N": bn,
-            "num_warps": warps, "num_stages": stages}  # fmt: skip
-    steps.append(_step(_attn_bwd_dq_kernel.fn, (cdiv(n_q, bm), B * H), args, slots, meta))
+    steps.append(_step(_attn_bwd_dq_kernel.fn, args, slots, *launches["dq"]))
     bwd = replay.Program(bwd_allocs, steps)
     op = _REPLAY_OPS[causal]
     replay.add(op, q, k, v, setting, fwd, fwd, bwd, _O, _DO, [_Q, _K, _V, _O, _LSE],
                [_DQ, _DK, _DV])  # fmt: skip
 
 
-def _step(kernel, grid, args, slots, meta) -> replay.Step:
+def _step(kernel, args, slots, grid, meta) -> replay.Step:
     """One launch of a plan, compiled for the slots' tensors (``warmup`` compiles without running)."""
     return replay.Step(kernel.warmup(*replay.real(args, slots), grid=grid, **meta), grid, args)
 

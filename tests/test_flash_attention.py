@@ -278,6 +278,24 @@ def test_tma_by_default_for_tuned_problems_only(monkeypatch, available):
             fa._use_tma(True, k, v, fast=True)
 
 
+@pytest.mark.skipif(device.GPU_MODE, reason="the interpreter's check (GPU: the test below)")
+@pytest.mark.parametrize("backward", fa.BACKWARDS)
+@pytest.mark.parametrize("causal, n_q, n_kv, d", [(False, 45, 70, 64), (True, 33, 33, 128)])
+def test_fast_path_launches_in_the_interpreter(monkeypatch, causal, n_q, n_kv, d, backward):
+    """The fixed-tile launches of the fast path (``_fast_fwd``, ``_fast_bwd``: the grids and tiles
+    the GPU launches and kernels.replay's plans copy), run in the interpreter, fp16."""
+    monkeypatch.setattr(fa, "_fast", lambda tune: True)
+    q, k, v = _inputs(1, 2, n_q, n_kv, d, torch.float16, seed=n_kv)
+    do = torch.randn_like(q)
+    o, lse = fa._forward(q, k, v, causal, d**-0.5, tma=False)
+    grads = fa._backward(q, k, v, o, lse, do, causal, d**-0.5, backward)
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    ref = fa.attention_ref(*leaves, causal)
+    assert _rel_err(o, ref) < TOL[torch.float16]
+    for g, r in zip(grads, torch.autograd.grad(ref, leaves, do.float())):
+        assert _rel_err(g, r) < 1e-2
+
+
 def test_only_default_options_take_the_cpp_launch_path():
     """kernels.replay keys a plan by the layout, ``causal`` (the op) and the scale (the setting):
     any other option, or a setting it could not key exactly, takes the Python path."""
