@@ -40,6 +40,11 @@ measured faster than these: the forward from ``fa_ws.FASTER_FROM`` tokens, the b
 ``fa_ws_bwd.FASTER_FROM``. ``impl="triton"`` (or ``GPU_BRRR_CUDA_ATTENTION=0``) keeps this module's
 kernels; the chapters that teach them do so.
 
+**Host path.** Problems too small to autotune launch at a fixed tile (``_fast_fwd``,
+``_fast_bwd``) through ``kernels.launch``'s fast path, and from a layout's second call on, with the
+default options, from C++ (``kernels.replay``): the forward and the three-kernel backward, with no
+Python between the call and the launches (page 3.4 measures it).
+
 ``naive_attention`` is the textbook version that materialises the scores (for the chapter's memory
 and speed comparison) and ``attention_ref`` the fp32 reference.
 """
