@@ -992,14 +992,14 @@ _REPLAY_OPS = {False: replay.ATTENTION, True: replay.ATTENTION_CAUSAL}
 
 def _replayable(causal, sm_scale, tma, backward, impl) -> bool:
     """Whether a call may take the C++ path: the default options, and settings C++ keys exactly
-    (a bool ``causal``, a float or int ``sm_scale`` or None); anything else takes Python's path,
-    whose checks name what is wrong."""
+    (a bool ``causal``; ``sm_scale`` None or a positive float or int, since a plan's key holds 0
+    for the default); anything else takes Python's path, whose checks name what is wrong."""
     return (
         tma is None
         and backward == "two_kernels"
         and impl == "auto"
         and type(causal) is bool
-        and (sm_scale is None or type(sm_scale) in (float, int))
+        and (sm_scale is None or (type(sm_scale) in (float, int) and sm_scale > 0))
     )
 
 

@@ -147,8 +147,8 @@ def module():
 
 
 def enabled() -> bool:
-    """Whether row-wise ops and vector add launch from C++ in this process (building the extension
-    if needed)."""
+    """Whether row-wise ops, vector add and small attention problems launch from C++ in this
+    process (building the extension if needed)."""
     return ON and launch.FAST and module() is not None
 
 

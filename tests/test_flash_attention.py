@@ -306,21 +306,26 @@ def test_only_default_options_take_the_cpp_launch_path():
                  (False, "0.1", None, "two_kernels", "auto"), (False, None, False, "two_kernels", "auto"),
                  (False, None, None, "atomic_dq", "auto"), (False, None, None, "two_kernels", "triton")]:  # fmt: skip
         assert not fa._replayable(*args), args
+    for bad_scale in (0.0, 0, -1.0, -0.0, float("nan")):  # 0 would name the default's plan
+        assert not fa._replayable(False, bad_scale, None, "two_kernels", "auto"), bad_scale
     assert fa._setting(None) == 0.0 and fa._setting(2) == 2.0
 
 
-def test_attention_skips_autograd_without_grad():
+def test_attention_skips_autograd_without_grad(monkeypatch):
     """A call no gradient follows (inference, or inputs that need none) skips autograd's
     bookkeeping, microseconds of host time a call, and gives the same output."""
     q, k, v = _inputs(1, 2, 40, 40, 64, torch.float16)
-    plain = fa.attention(q, k, v)
-    assert plain.grad_fn is None
-    q.requires_grad_()
-    tracked = fa.attention(q, k, v)
+    tracked = fa.attention(q.clone().requires_grad_(), k, v)
     assert tracked.grad_fn is not None
-    assert torch.equal(plain, tracked.detach())
+
+    def forbidden(*args):
+        raise AssertionError("autograd's Function ran for a call no gradient follows")
+
+    monkeypatch.setattr(fa.FlashAttention, "apply", forbidden)
+    plain = fa.attention(q, k, v)
+    assert plain.grad_fn is None and torch.equal(plain, tracked.detach())
     with torch.no_grad():
-        assert fa.attention(q, k, v).grad_fn is None
+        assert fa.attention(q.clone().requires_grad_(), k, v).grad_fn is None
 
 
 @pytest.mark.skipif(not device.GPU_MODE, reason="CUDA graphs need a GPU")

@@ -256,9 +256,11 @@ def test_vector_add_replay_matches_python_path_exactly(monkeypatch, shape, dtype
 
 # Problems too small to autotune (one short sequence, a decode-sized batch), odd lengths, both head
 # dims, a given scale; none that "auto" may hand to the CUDA kernels (bf16, d 128, 512+ tokens).
-ATTENTION_CASES = [((1, 16, 128, 128), False, None), ((1, 16, 128, 64), True, None),
-                   ((2, 3, 77, 64), True, 0.3), ((1, 4, 300, 128), False, 0.1),
-                   ((3, 2, 33, 128), True, None)]  # fmt: skip
+# ([B, H, Nq, D], Nk, causal, sm_scale)
+ATTENTION_CASES = [((1, 16, 128, 128), 128, False, None), ((1, 16, 128, 64), 128, True, None),
+                   ((2, 3, 77, 64), 77, True, 0.3), ((1, 4, 300, 128), 300, False, 0.1),
+                   ((3, 2, 33, 128), 33, True, None), ((1, 2, 45, 64), 70, False, None),
+                   ((2, 2, 70, 128), 45, False, 0.2)]  # fmt: skip
 
 
 def _attention_grads(q, k, v, do, causal, scale):
@@ -269,11 +271,13 @@ def _attention_grads(q, k, v, do, causal, scale):
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape, causal, scale", ATTENTION_CASES)
+@pytest.mark.parametrize("shape, n_kv, causal, scale", ATTENTION_CASES)
 def test_attention_replay_matches_python_path_exactly(
-    shape, causal, scale, dtype, python_path_forbidden, monkeypatch
+    shape, n_kv, causal, scale, dtype, python_path_forbidden, monkeypatch
 ):
-    q, k, v, do = (torch.randn(shape, device=device.DEVICE, dtype=dtype) for _ in range(4))
+    q, do = (torch.randn(shape, device=device.DEVICE, dtype=dtype) for _ in range(2))
+    kv_shape = (*shape[:2], n_kv, shape[3])
+    k, v = (torch.randn(kv_shape, device=device.DEVICE, dtype=dtype) for _ in range(2))
     n = replay.module().plan_count()
     first = _attention_grads(q, k, v, do, causal, scale)  # Python path; it hands C++ the plan
     assert replay.module().plan_count() == n + 1
@@ -312,8 +316,9 @@ def test_attention_replay_keys_the_scale_and_the_options(python_path_forbidden):
     fa._plan_native(long, long, long, False, 0.1, 0.0)  # "auto" may take the CUDA forward here
     fa.attention(q, k, v, impl="triton")
     assert replay.module().plan_count() == n + 1
-    with pytest.raises(ValueError, match="sm_scale"):
-        fa.attention(q, k, v, sm_scale=-1.0)
+    for bad_scale in (-1.0, 0.0, 0):  # 0 is the default's setting in the plan key: not a scale
+        with pytest.raises(ValueError, match="sm_scale"):
+            fa.attention(q, k, v, sm_scale=bad_scale)
     k32 = k[..., :32].contiguous()
     with pytest.raises(ValueError, match="same head_dim"):
         fa.attention(q, k32, k32)

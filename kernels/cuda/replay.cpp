@@ -66,7 +66,8 @@ std::mutex mutex;
 std::map<std::vector<int64_t>, PlanPtr> plans;  // an autograd node keeps its own reference
 
 // Everything the plan depends on: the op, each input's shape, strides, dtype, device and 16-byte
-// alignment (Triton compiles a binary per alignment), and the op's scalar setting (eps).
+// alignment (Triton compiles a binary per alignment), and the op's scalar setting (a norm's eps,
+// softmax's widest fused block, attention's scale or 0 for the default).
 std::vector<int64_t> make_key(int64_t op, const at::Tensor& x, const std::optional<at::Tensor>& w,
                               const std::optional<at::Tensor>& b, double setting) {
   std::vector<int64_t> key{op};
