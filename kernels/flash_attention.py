@@ -763,8 +763,10 @@ def _forward(
     return o, lse
 
 
-# The backward's preprocess: rows of o and dO a program.
-_PRE_BLOCK = 64
+def _pre_launch(rows: int, head_dim: int, zero_dq: bool) -> tuple[tuple, dict]:
+    """The backward's preprocess launch, ``(grid, meta)``: 64 rows of o and dO a program, at every
+    size (it is never autotuned)."""
+    return (cdiv(rows, 64),), {"HEAD_DIM": head_dim, "BLOCK_M": 64, "ZERO_DQ": zero_dq}
 
 
 def _fast_fwd(shape, causal: bool, use_tma: bool) -> tuple[tuple, dict]:
@@ -819,10 +821,8 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, backward: str 
     fast = _fast(tune)
     # The layout every launch's key shares (each kernel adds what else it specialises on).
     layout = (q.dtype, *map(launch.aligned, (q, k, v, do)), n_q, n_kv, D, causal)
-    _FAST["pre"](
-        (*layout, atomic), (cdiv(rows, _PRE_BLOCK),), (o, do, delta, dq_acc, rows),
-        HEAD_DIM=D, BLOCK_M=_PRE_BLOCK, ZERO_DQ=atomic,
-    )  # fmt: skip
+    grid, meta = _pre_launch(rows, D, atomic)
+    _FAST["pre"]((*layout, atomic), grid, (o, do, delta, dq_acc, rows), **meta)
     # On Hopper the dQ adds go out as TMA bulk reductions (a descriptor over dq_acc as rows).
     dq_tma = atomic and tma_available(dq_acc)
     if fast:
@@ -1048,8 +1048,7 @@ def _native_plan(q, k, v, causal: bool, scale: float, setting: float) -> None:
     rows = B * H * n_q
     # dq_acc is a pointer no kernel of the two-kernel backward reads: the lse slot will do.
     args = (S(_O), S(_DO), S(_DELTA), S(_LSE), rows)
-    meta = {"HEAD_DIM": D, "BLOCK_M": _PRE_BLOCK, "ZERO_DQ": False}
-    steps = [_step(_attn_bwd_preprocess_kernel, args, slots, (cdiv(rows, _PRE_BLOCK),), meta)]
+    steps = [_step(_attn_bwd_preprocess_kernel, args, slots, *_pre_launch(rows, D, False))]
     launches = _fast_bwd(q.shape, n_kv, causal, False, False)
     args = (S(_Q), S(_K), S(_V), S(_DO), S(_LSE), S(_DELTA), S(_DK), S(_DV), S(_LSE), S(_LSE),
             scale, n_q, n_kv)  # fmt: skip
