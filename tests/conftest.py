@@ -1,4 +1,7 @@
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 # Kernel tests run in Triton's interpreter on machines without a GPU; importing kernels sets it up.
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -14,6 +17,18 @@ from kernels import _validate, device, numerics  # noqa: E402
 _validate.debug(True)
 
 GUARD = 4096  # elements of poison on each side of a guarded tensor
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relpath: str):
+    """A script of the repository (``scripts/gpu/...``, ``tools/...``) imported as a module, so a
+    test can call its functions or its ``main(argv)`` in this process."""
+    path = ROOT / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look their module up while the script runs
+    spec.loader.exec_module(module)
+    return module
 
 
 def guarded(t: torch.Tensor, fill: float = float("nan")) -> torch.Tensor:

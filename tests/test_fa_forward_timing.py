@@ -2,22 +2,14 @@
 run on the CPU with stand-in implementations whose speeds are known (one sleeps), so the goal check,
 the ratios and the records can be checked without a GPU."""
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from kernels import device
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "fa_forward_timing", ROOT / "scripts" / "gpu" / "fa_forward_timing.py"
-)
-timing = importlib.util.module_from_spec(_spec)
-sys.modules["fa_forward_timing"] = timing
-_spec.loader.exec_module(timing)
+timing = load_script("scripts/gpu/fa_forward_timing.py")
 
 
 # The stand-ins are slow on the host (a sleep); on a GPU the timing reads CUDA events, which a

@@ -293,7 +293,7 @@ def test_fast_path_launches_in_the_interpreter(monkeypatch, causal, n_q, n_kv, d
     ref = fa.attention_ref(*leaves, causal)
     assert _rel_err(o, ref) < TOL[torch.float16]
     for g, r in zip(grads, torch.autograd.grad(ref, leaves, do.float())):
-        assert _rel_err(g, r) < 1e-2
+        assert _rel_err(g, r) < TOL[torch.float16]  # as the backward's own test
 
 
 def test_only_default_options_take_the_cpp_launch_path():

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from conftest import load_script
 
 from kernels import device, norms, rows
 
@@ -321,14 +322,7 @@ def test_backward_plans_each_layout_once(monkeypatch, kind, rows, cols):
 
 
 def _split_probe():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "norm_bwd_split_probe.py"
-    spec = importlib.util.spec_from_file_location("norm_bwd_split_probe", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
+    return load_script("scripts/gpu/norm_bwd_split_probe.py")
 
 
 @pytest.mark.parametrize("kind,rows,cols", [("layer_norm", 48, 1024), ("rms_norm", 12, 4096)])

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import eager_and_graphed, guarded
+from conftest import eager_and_graphed, guarded, load_script
 
 from kernels import device
 from kernels import paged_attention as pa
@@ -353,13 +353,7 @@ def test_a_layout_is_checked_and_planned_once_its_values_on_every_call(monkeypat
 def test_host_probe_times_every_step_of_a_call(capsys):
     """scripts/gpu/paged_host_probe.py --smoke: the planned path's steps, each timed alone, the
     combine kernel's launch included (two splits), and the whole call against SDPA."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "paged_host_probe.py"
-    spec = importlib.util.spec_from_file_location("paged_host_probe", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_script("scripts/gpu/paged_host_probe.py")
     assert probe.main(["--smoke"]) == 0
     out = capsys.readouterr().out
     assert "2 splits" in out

@@ -4,6 +4,7 @@ layout must get a plan of its own, and bad input must raise the same errors afte
 
 import pytest
 import torch
+from conftest import load_script
 
 from kernels import device, launch, quant
 from kernels.quant import qgemv
@@ -146,13 +147,7 @@ def test_bad_input_after_a_planned_call_raises(plans, planned, bad, err, match):
 def test_split_probe_runs_and_checks_each_split(capsys):
     """scripts/gpu/gemv_split_probe.py --smoke: each K split checked against the fp32 reference,
     then timed on the device and on the host against torch.matmul (the interpreter here)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "gemv_split_probe.py"
-    spec = importlib.util.spec_from_file_location("gemv_split_probe", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_script("scripts/gpu/gemv_split_probe.py")
     assert probe.main(["--smoke"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith("1, 64, 256")]

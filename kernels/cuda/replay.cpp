@@ -1,16 +1,16 @@
 // Replay of recorded Triton launches from C++: the host path of kernels.replay.
 //
-// A row-wise op (a norm, softmax), vector add or a small attention problem is a few Triton
-// kernels around a few fresh tensors. Python works out, once per input layout, which tensors to allocate and which compiled
-// kernels to launch with which parameters (a Plan); this file allocates and launches them with no
-// Python in between. The backward runs as a C++ autograd node, on the autograd engine's thread,
-// without taking the GIL: the same path PyTorch's own ops take, and the reason for this file (page
-// 3.4 measures it).
+// A row-wise op (a norm, softmax), vector add or a small attention problem is a few Triton kernels
+// around a few fresh tensors. Python works out, once per input layout, which tensors to allocate
+// and which compiled kernels to launch with which parameters (a Plan); this file allocates and
+// launches them with no Python in between. The backward runs as a C++ autograd node, on the
+// autograd engine's thread, without taking the GIL: the same path PyTorch's own ops take, and the
+// reason for this file (page 3.4 measures it).
 //
-// Tensors live in numbered slots: 0, 1, 2 are the op's inputs (x, weight, bias, vector add's x
-// and y, or attention's q, k, v; absent ones undefined), the others are what the plan allocates. A kernel parameter is a
-// slot's data pointer plus a byte offset, an integer, an fp32 bit pattern, or a null pointer
-// (Triton's scratch).
+// Tensors live in numbered slots: 0, 1, 2 are the op's inputs (x, weight, bias, vector add's x and
+// y, or attention's q, k, v; absent ones undefined), the others are what the plan allocates. A
+// kernel parameter is a slot's data pointer plus a byte offset, an integer, an fp32 bit pattern, or
+// a null pointer (Triton's scratch).
 
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
