@@ -441,7 +441,7 @@ def paged_decode(
         _COMBINE(layout, _combine_grid(plan), args, **plan.combine_meta)
     if replayable and replay.planning(q):
         inputs = (q, k_cache, v_cache, block_table, seq_lens)
-        replay.build(_native_plan, inputs, plan, scale, _setting(sm_scale))
+        replay.build(_native_plan, inputs, plan, scale, _setting(sm_scale), layout)
     return out
 
 
@@ -472,7 +472,7 @@ def _setting(sm_scale) -> float:
     return 0.0 if sm_scale is None else float(sm_scale)
 
 
-def _native_plan(inputs, plan: _DecodePlan, scale: float, setting: float) -> None:
+def _native_plan(inputs, plan: _DecodePlan, scale: float, setting: float, layout) -> None:
     """The launches the Python path just made for this layout, as a plan: the split kernel at the
     config its autotuner chose, then (several splits) the combine."""
     S, A = replay.Slot, replay.Alloc
@@ -484,8 +484,11 @@ def _native_plan(inputs, plan: _DecodePlan, scale: float, setting: float) -> Non
     replay.materialize(allocs, slots)
     o_dst = _OUT if plan.part_shape is None else _PARTS
     args = (S(_Q), S(_K), S(_V), S(_TABLE), S(_LENS), S(o_dst), scale, *plan.sizes)
-    # The config of the call just made (the launcher sets it on every call of a kept binary).
-    config = _paged_decode_split_kernel.best_config.all_kwargs()
+    # The config the autotuner chose for this layout: the one the launcher keeps for it (the
+    # autotuner's best_config, the last call's, where nothing is kept: in the interpreter).
+    cache = tuned(_paged_decode_split_kernel).cache
+    kept = cache.get((torch.cuda.current_device(), layout)) if cache else None
+    config = (kept[3] if kept else _paged_decode_split_kernel.best_config).all_kwargs()
     split = _paged_decode_split_kernel.fn
     steps = [replay.compiled_step(split, args, slots, plan.grid, {**plan.meta, **config})]
     if plan.part_shape is not None:

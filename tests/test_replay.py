@@ -392,12 +392,12 @@ def test_switching_the_path_off_sends_calls_to_python(monkeypatch):
     assert calls == [1]
 
 
-# Paged decode: (batch, tokens per sequence, n_heads, n_kv, head_dim, block_size, dtype). One
-# split (a long batch) and several (batch 1, the combine launched as a programmatic dependent on
-# Hopper), GQA and not, odd lengths, fp32.
-PAGED_CASES = [(1, 1024, 32, 8, 128, 16, torch.bfloat16), (1, 100, 4, 4, 64, 16, torch.float16),
-               (3, 64, 8, 2, 128, 32, torch.float32), (64, 512, 32, 8, 128, 16, torch.bfloat16),
-               (2, 48, 4, 2, 64, 16, torch.bfloat16)]  # fmt: skip
+# Paged decode: (batch, tokens per sequence, n_heads, n_kv, head_dim, block_size, dtype). Several
+# splits (batch 1 with 256+ tokens: the combine runs, a programmatic dependent launch on Hopper) in
+# all three dtypes, and one (the rest), GQA and not; the lengths are drawn at random below.
+PAGED_CASES = [(1, 1024, 32, 8, 128, 16, torch.bfloat16), (1, 512, 4, 4, 64, 16, torch.float16),
+               (1, 384, 8, 2, 128, 32, torch.float32), (3, 64, 8, 2, 128, 32, torch.float32),
+               (64, 512, 32, 8, 128, 16, torch.bfloat16), (2, 48, 4, 2, 64, 16, torch.bfloat16)]  # fmt: skip
 
 
 @pytest.fixture
@@ -464,11 +464,12 @@ def test_paged_decode_replays_only_what_it_can(debug_off, python_path_forbidden,
 
 
 @gpu
-def test_replayed_paged_decode_under_cuda_graph_capture(debug_off):
+def test_replayed_paged_decode_under_cuda_graph_capture(debug_off, python_path_forbidden):
     """A decode step captured in a CUDA graph replays the C++ launches, the programmatic dependent
     one included, and reads the lengths as they are when the graph runs."""
     q, k, v, kc, vc, table, lens = pa.decode_case(1, 512, n_heads=8, n_kv=2, head_dim=128)
     pa.paged_decode(q, kc, vc, table, lens)  # the plan
+    python_path_forbidden()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -682,7 +683,7 @@ def test_paged_decode_plan_repeats_the_python_paths_launches(monkeypatch, splits
         )
     got = {}
     monkeypatch.setattr(replay, "add_inference", lambda op, i, s, prog, y: got.update(p=prog, y=y))
-    pa._native_plan(inputs, plan, 0.125, 0.0)
+    pa._native_plan(inputs, plan, 0.125, 0.0, None)
     planned = [(s.compiled.k, tuple(s.grid), s.args, s.compiled.meta) for s in got["p"].steps]
     assert len(python) == len(planned) == (1 if splits == 1 else 2)
     # The Python path launches the split kernel through its autotuner, which adds the config.

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'sum of the steps':34s} {total:8.1f}")
     left = res["paged_decode, Python path, whole"] - total
     print(f"  {'Python path - sum of the steps':34s} {left:8.1f}")
-    print(f"  (the whole call from C++: {replay.enabled()})")
+    print(f"  (the whole call from C++: {replay.enabled() and args.splits is None})")
     return 0
 
 

@@ -168,7 +168,12 @@ def paged_decode():
         close(pa.paged_decode(q, kc, vc, table, lens, num_splits=splits, config=(32, 4, 2)), ref)
     # The default path twice outside debug mode: the second call launches from C++ (kernels.replay),
     # the combine as a programmatic dependent.
-    one = (q[:1], kc, vc, table[:1], lens[2:])  # batch 1: several splits, so the combine runs
+    # Batch 1 over 512 tokens: several splits, so the combine runs (a programmatic dependent).
+    q, _, _, kc, vc, table, lens = pa.decode_case(
+        1, 512, n_heads=8, n_kv=2, head_dim=64, dtype=torch.float16
+    )
+    one = (q, kc, vc, table, lens.fill_(300))
+    assert pa.default_num_splits(1, 2, 512) > 1
     ref = pa.paged_decode_ref(*one)
     was = _validate.debug()
     _validate.debug(False)
