@@ -1038,7 +1038,12 @@ def _native_plan(q, k, v, causal: bool, scale: float, setting: float) -> None:
     replay.materialize(fwd_allocs, slots)
     args = (S(_Q), S(_K), S(_V), S(_O), S(_LSE), scale, n_q, n_kv)
     fwd = replay.Program(
-        fwd_allocs, [_step(_attn_fwd_kernel.fn, args, slots, *_fast_fwd(q.shape, causal, False))]
+        fwd_allocs,
+        [
+            replay.compiled_step(
+                _attn_fwd_kernel.fn, args, slots, *_fast_fwd(q.shape, causal, False)
+            )
+        ],
     )
 
     slots[_DO] = torch.empty_like(q)  # what the compile sees for dO: fresh, contiguous
@@ -1048,22 +1053,19 @@ def _native_plan(q, k, v, causal: bool, scale: float, setting: float) -> None:
     rows = B * H * n_q
     # dq_acc is a pointer no kernel of the two-kernel backward reads: the lse slot will do.
     args = (S(_O), S(_DO), S(_DELTA), S(_LSE), rows)
-    steps = [_step(_attn_bwd_preprocess_kernel, args, slots, *_pre_launch(rows, D, False))]
+    steps = [
+        replay.compiled_step(_attn_bwd_preprocess_kernel, args, slots, *_pre_launch(rows, D, False))
+    ]
     launches = _fast_bwd(q.shape, n_kv, causal, False, False)
     args = (S(_Q), S(_K), S(_V), S(_DO), S(_LSE), S(_DELTA), S(_DK), S(_DV), S(_LSE), S(_LSE),
             scale, n_q, n_kv)  # fmt: skip
-    steps.append(_step(_attn_bwd_dkdv_kernel.fn, args, slots, *launches["dkdv"]))
+    steps.append(replay.compiled_step(_attn_bwd_dkdv_kernel.fn, args, slots, *launches["dkdv"]))
     args = (S(_Q), S(_K), S(_V), S(_DO), S(_LSE), S(_DELTA), S(_DQ), scale, n_q, n_kv)
-    steps.append(_step(_attn_bwd_dq_kernel.fn, args, slots, *launches["dq"]))
+    steps.append(replay.compiled_step(_attn_bwd_dq_kernel.fn, args, slots, *launches["dq"]))
     bwd = replay.Program(bwd_allocs, steps)
     op = _REPLAY_OPS[causal]
     replay.add(op, q, k, v, setting, fwd, fwd, bwd, _O, _DO, [_Q, _K, _V, _O, _LSE],
                [_DQ, _DK, _DV])  # fmt: skip
-
-
-def _step(kernel, args, slots, grid, meta) -> replay.Step:
-    """One launch of a plan, compiled for the slots' tensors (``warmup`` compiles without running)."""
-    return replay.Step(kernel.warmup(*replay.real(args, slots), grid=grid, **meta), grid, args)
 
 
 def attention_with_lse(

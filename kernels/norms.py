@@ -820,8 +820,7 @@ def _native_forward(slots, n_rows, n_cols, stride, eps, is_rms, has_bias, stats)
     kernel = _norm_fwd_kernel if cfg["kernel"] == "fused" else _norm_fwd_looped_kernel
     replay.materialize(allocs, slots)
     grid = (cfg["programs"],)
-    compiled = kernel.warmup(*replay.real(args, slots), grid=grid, **meta)
-    return replay.Program(allocs, [replay.Step(compiled, grid, args)])
+    return replay.Program(allocs, [replay.compiled_step(kernel, args, slots, grid, meta)])
 
 
 def _native_backward(slots, n_rows, n_cols, stride, is_rms, has_bias, cfg) -> replay.Program:
@@ -850,10 +849,10 @@ def _native_backward(slots, n_rows, n_cols, stride, is_rms, has_bias, cfg) -> re
         middle = (S(_C), S(_C, n_rows * cfg["chunks"] * 4))
         args = (*inputs, *middle, n_cols, *strides[:2])
         stats_grid = (n_rows, cfg["chunks"])
-        compiled = _norm_bwd_stats_kernel.warmup(
-            *replay.real(args, slots), grid=stats_grid, **_bwd_stats_meta(cfg, is_rms)
+        stats_meta = _bwd_stats_meta(cfg, is_rms)
+        steps.append(
+            replay.compiled_step(_norm_bwd_stats_kernel, args, slots, stats_grid, stats_meta)
         )
-        steps.append(replay.Step(compiled, stats_grid, args))
         kernel = _norm_bwd_dx_kernel
     grid, n_partials = _bwd_grid(cfg, n_rows, n_cols, programs)
     grads = replay.Alloc(replay.NEW, _GRADS, _W, shape=(n_grads, n_cols))  # the weight's dtype
@@ -872,16 +871,12 @@ def _native_backward(slots, n_rows, n_cols, stride, is_rms, has_bias, cfg) -> re
     db = S(sums, row) if has_bias else dw
     args = (*inputs, *middle, S(_DX), dw, db, n_rows, n_cols, *strides)
     replay.materialize(allocs, slots)
-    steps.append(
-        replay.Step(kernel.warmup(*replay.real(args, slots), grid=grid, **meta), grid, args)
-    )
+    steps.append(replay.compiled_step(kernel, args, slots, grid, meta))
     if not one:
         _, sum_grid, sum_meta = partial_sums.sum_launch(shape, slots[_W].dtype)
         sum_args = (S(_PART), S(_GRADS), n_partials, n_cols)
-        compiled = partial_sums._sum_kernel.warmup(
-            *replay.real(sum_args, slots), grid=sum_grid, **sum_meta
-        )
-        steps.append(replay.Step(compiled, sum_grid, sum_args))
+        sum_kernel = partial_sums._sum_kernel
+        steps.append(replay.compiled_step(sum_kernel, sum_args, slots, sum_grid, sum_meta))
     return replay.Program(allocs, steps)
 
 

@@ -32,6 +32,12 @@ The number of splits and the grid depend only on shapes (the block table's width
 values of ``seq_lens``: a decode step can be captured in a CUDA graph and replayed as sequences
 grow. Programs whose chunk lies past a sequence's end exit after writing an empty partial result.
 
+**The host path.** A decode step calls this once per layer with the same layout, and at batch 1
+the host's work per call takes longer than the kernels. The first call of a layout checks the
+inputs, tunes the split kernel and compiles; later calls of that layout (with the default split
+count and tile, outside debug mode) launch both kernels from C++ (``kernels.replay``), the way
+PyTorch's own ops launch, with the combine as a programmatic dependent of the split kernel.
+
 ``paged_decode_ref`` gathers each sequence's blocks into contiguous tensors and computes attention
 in fp32: the reference. ``gather_kv`` does the same gathering for a batch (used by multi-token
 forwards in ``kernels.decoder``).
@@ -47,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _validate, bench, device, roofline, sdpa
+from kernels import _validate, bench, device, replay, roofline, sdpa
 from kernels.launch import (
     Launcher,
     Plans,
@@ -397,6 +403,14 @@ def paged_decode(
     compilation instead of one per candidate: for checks at many small shapes). Returns
     ``[n_seqs, n_heads, head_dim]`` in q's dtype.
     """
+    # A layout seen before, on a GPU, at the default split count and tile: launched from C++.
+    replayable = _replayable(sm_scale, num_splits, config)
+    if replayable:
+        out = replay.inference_call(
+            replay.PAGED_DECODE, (q, k_cache, v_cache, block_table, seq_lens), _setting(sm_scale)
+        )
+        if out is not None:
+            return out
     layout = layout_key((q, k_cache, v_cache, block_table, seq_lens), num_splits, config)
     plan = _PLANS.get(layout)
     if plan is None:  # a layout not seen yet: check the inputs' structure, work out the launch
@@ -424,8 +438,65 @@ def paged_decode(
         split.fixed(plan.grid, args, **plan.meta, **plan.tile)
     if plan.part_shape is not None:
         args = (o_dst, out, plan.part_shape[2])
-        _COMBINE(layout, (plan.out_shape[0] * plan.out_shape[1],), args, **plan.combine_meta)
+        _COMBINE(layout, _combine_grid(plan), args, **plan.combine_meta)
+    if replayable and replay.planning(q):
+        inputs = (q, k_cache, v_cache, block_table, seq_lens)
+        replay.build(_native_plan, inputs, plan, scale, _setting(sm_scale), layout)
     return out
+
+
+def _combine_grid(plan) -> tuple[int]:
+    return (plan.out_shape[0] * plan.out_shape[1],)  # one program per (sequence, query head)
+
+
+# ----------------------------------------------------------------------------- the C++ launch path
+
+# Slots of kernels.replay's plan: the five inputs, the output, the split kernel's partials.
+_Q, _K, _V, _TABLE, _LENS, _OUT, _PARTS = range(7)
+
+
+def _replayable(sm_scale, num_splits, config) -> bool:
+    """Whether a call may take the C++ path: the default split count and tile, a scale C++ keys
+    exactly (None or a positive float or int: 0 is the default's setting in the plan key), and not
+    in debug mode, whose value checks read the device."""
+    return (
+        num_splits is None
+        and config is None
+        and (sm_scale is None or (type(sm_scale) in (float, int) and sm_scale > 0))
+        and not _validate.debug()
+    )
+
+
+def _setting(sm_scale) -> float:
+    """The plan key's setting: the scale as given, 0 for the default."""
+    return 0.0 if sm_scale is None else float(sm_scale)
+
+
+def _native_plan(inputs, plan: _DecodePlan, scale: float, setting: float, layout) -> None:
+    """The launches the Python path just made for this layout, as a plan: the split kernel at the
+    config its autotuner chose, then (several splits) the combine."""
+    S, A = replay.Slot, replay.Alloc
+    slots = [None] * replay.N_SLOTS
+    slots[: len(inputs)] = inputs
+    allocs = [A(replay.NEW, _OUT, _Q, shape=plan.out_shape)]
+    if plan.part_shape is not None:
+        allocs.append(A(replay.NEW, _PARTS, _Q, dtype=replay.FP32, shape=(plan.part_numel,)))
+    replay.materialize(allocs, slots)
+    o_dst = _OUT if plan.part_shape is None else _PARTS
+    args = (S(_Q), S(_K), S(_V), S(_TABLE), S(_LENS), S(o_dst), scale, *plan.sizes)
+    # The config the autotuner chose for this layout: the one the launcher keeps for it (the
+    # autotuner's best_config, the last call's, where nothing is kept: in the interpreter).
+    cache = tuned(_paged_decode_split_kernel).cache
+    kept = cache.get((torch.cuda.current_device(), layout)) if cache else None
+    config = (kept[3] if kept else _paged_decode_split_kernel.best_config).all_kwargs()
+    split = _paged_decode_split_kernel.fn
+    steps = [replay.compiled_step(split, args, slots, plan.grid, {**plan.meta, **config})]
+    if plan.part_shape is not None:
+        args = (S(_PARTS), S(_OUT), plan.part_shape[2])
+        combine, grid = _paged_decode_combine_kernel, _combine_grid(plan)
+        steps.append(replay.compiled_step(combine, args, slots, grid, plan.combine_meta))
+    prog = replay.Program(allocs, steps)
+    replay.add_inference(replay.PAGED_DECODE, inputs, setting, prog, _OUT)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""Row-wise ops, vector add and small attention problems launched from C++: the host path
-PyTorch's own ops take.
+"""Row-wise ops, vector add, small attention problems and paged decode launched from C++: the host
+path PyTorch's own ops take.
 
 A decode step or a small training batch calls a norm or a softmax on a few rows, or attention
 on one short sequence, where the kernel takes a few µs and the host's work per call decides the
@@ -17,8 +17,11 @@ parameters, for the forward (with and without the statistics the backward reads)
 backward. Later calls of that layout go straight to C++, which allocates, launches with
 ``cuLaunchKernel`` on the current stream, and records a C++ autograd node whose backward never
 enters Python. A plan names tensors by *slot*: 0, 1, 2 are the op's inputs (x, weight, bias;
-vector add's y sits in slot 1; attention's q, k, v), the others what the plan allocates; a kernel
-parameter is a slot's pointer plus a byte offset, an integer, an fp32, or a null pointer.
+vector add's y sits in slot 1; attention's q, k, v), the others what the plan allocates. An
+inference op (paged decode, which no gradient follows) has a plan of one program and as many input
+slots as it has inputs (``inference_call``, ``add_inference``). A kernel parameter is a slot's
+pointer plus a byte offset, an integer, an fp32, or a null pointer; a launch may be a programmatic
+dependent one (``launch_pdl``: the kernel may start while the one before it finishes).
 
 The extension is built on first use (a C++ compile of about a minute, once per machine: torch
 caches it). On a CPU, in the interpreter, without a CUDA toolkit, with ``launch.FAST = False``,
@@ -46,7 +49,7 @@ SAME_DTYPE, FP32 = -1, 0  # a NEW slot's dtype: its source slot's, or fp32
 N_SLOTS = 16
 # The ops the C++ side keys its plans by (it reads nothing else into them: a new op needs a number
 # here, not a change there).
-RMS_NORM, LAYER_NORM, SOFTMAX, ADD, ATTENTION, ATTENTION_CAUSAL = range(6)
+RMS_NORM, LAYER_NORM, SOFTMAX, ADD, ATTENTION, ATTENTION_CAUSAL, PAGED_DECODE = range(7)
 
 ENV = "GPU_BRRR_NATIVE"
 NAME = "gpu_brrr_replay"  # the extension's name in torch's build cache
@@ -134,7 +137,7 @@ def module():
         return load_inline(
             name=NAME,
             cpp_sources=(HERE / "replay.cpp").read_text(),
-            functions=["row_op", "add_plan", "plan_count"],
+            functions=["row_op", "add_plan", "inference_op", "add_inference_plan", "plan_count"],
             with_cuda=True,
             extra_cflags=["-O2"],
             verbose=False,
@@ -147,8 +150,8 @@ def module():
 
 
 def enabled() -> bool:
-    """Whether row-wise ops, vector add and small attention problems launch from C++ in this
-    process (building the extension if needed)."""
+    """Whether row-wise ops, vector add, small attention problems and paged decode launch from C++
+    in this process (building the extension if needed)."""
     return ON and launch.FAST and module() is not None
 
 
@@ -190,16 +193,15 @@ def _float_bits(v: float) -> int:
 
 
 def encode_step(step: Step) -> list[int]:
-    """``[function, grid x, y, z, threads, shared bytes, (kind, slot, value) per parameter]``
-    for ``replay.cpp``: the parameters Triton's own C launcher would pass, in its order (the
-    run-time arguments its signature did not turn into constants, then its scratch pointers)."""
+    """``[function, grid x, y, z, threads, shared bytes, programmatic dependent (0 or 1), (kind,
+    slot, value) per parameter]`` for ``replay.cpp``: the parameters Triton's own C launcher would
+    pass, in its order (the run-time arguments its signature did not turn into constants, then its
+    scratch pointers)."""
     c = step.compiled
     c._init_handles()
     meta = c.metadata
     if getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False):
         raise NotImplementedError("replay: clusters and cooperative launches are not replayed")
-    if getattr(meta, "launch_pdl", False):
-        raise NotImplementedError("replay: programmatic dependent launch is not replayed")
     types = list(c.src.signature.values())
     params = []
     for ty, a in zip(types, step.args):
@@ -226,7 +228,8 @@ def encode_step(step: Step) -> list[int]:
                 raise NotImplementedError("replay: kernels that need scratch memory")
             params += [NUL, 0, 0]
     grid = tuple(step.grid) + (1,) * (3 - len(step.grid))
-    return [c.function, *grid, meta.num_warps * 32, meta.shared, *params]
+    pdl = int(bool(getattr(meta, "launch_pdl", False)))
+    return [c.function, *grid, meta.num_warps * 32, meta.shared, pdl, *params]
 
 
 def materialize(allocs: list[Alloc], slots: list) -> None:
@@ -242,6 +245,12 @@ def materialize(allocs: list[Alloc], slots: list) -> None:
             slots[a.slot] = torch.empty(a.shape, dtype=dtype, device=x.device)
         else:
             slots[a.slot] = slots[a.src].select(0, a.index)
+
+
+def compiled_step(kernel, args: tuple, slots: list, grid: tuple, meta: dict) -> Step:
+    """One launch of a plan: ``kernel`` (a ``@triton.jit`` function) compiled for the slots'
+    tensors (``warmup`` compiles, or finds the binary the Python path compiled, without running)."""
+    return Step(kernel.warmup(*real(args, slots), grid=grid, **meta), grid, args)
 
 
 def real(args: tuple, slots: list) -> tuple:
@@ -277,3 +286,20 @@ def add(op: int, x, w, b, setting: float, fwd: Program, nograd: Program, bwd: Pr
         op, x, w, b, float(setting), *fwd.encode(), *nograd.encode(), *bwd.encode(),
         y_slot, dy_slot, saved, grads,
     )  # fmt: skip
+
+
+def inference_call(op: int, inputs: tuple, setting: float):
+    """An inference op's output from C++ if a plan for the layout of ``inputs`` exists, else None
+    (as ``call``)."""
+    m = module()
+    if m is None or not (ON and launch.FAST):
+        return None
+    try:
+        return m.inference_op(op, inputs, setting)
+    except TypeError:
+        return None
+
+
+def add_inference(op: int, inputs: tuple, setting: float, prog: Program, y_slot: int) -> None:
+    """Hand C++ the plan of an inference op for the layout of ``inputs`` (slots 0, 1, ...)."""
+    module().add_inference_plan(op, inputs, float(setting), *prog.encode(), y_slot)

@@ -342,13 +342,13 @@ def _native_plan(x: torch.Tensor, max_fused_block: int) -> None:
     launcher, grid, meta = _plan(n_rows, n_cols, max_fused_block, False)
     args = (replay.Slot(_X), replay.Slot(_Y), n_rows, n_cols, stride, n_cols)
     replay.materialize([y_alloc], slots)
-    fwd = replay.Step(launcher.fn.warmup(*replay.real(args, slots), grid=grid, **meta), grid, args)
+    fwd = replay.compiled_step(launcher.fn, args, slots, grid, meta)
     slots[_DY] = torch.empty_like(slots[_Y])  # what the compile sees for dy: fresh, contiguous
     launcher, grid, meta = _plan(n_rows, n_cols, MAX_FUSED_BLOCK_BWD, True)
     args = (replay.Slot(_Y), replay.Slot(_DY), replay.Slot(_DX), n_rows, n_cols, n_cols, n_cols,
             n_cols)  # fmt: skip
     replay.materialize([dx_alloc], slots)
-    bwd = replay.Step(launcher.fn.warmup(*replay.real(args, slots), grid=grid, **meta), grid, args)
+    bwd = replay.compiled_step(launcher.fn, args, slots, grid, meta)
     forward = replay.Program([y_alloc], [fwd])
     replay.add(replay.SOFTMAX, x, None, None, max_fused_block, forward, forward,
                replay.Program([dx_alloc], [bwd]), _Y, _DY, [_Y], [_DX])  # fmt: skip

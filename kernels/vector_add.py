@@ -121,8 +121,7 @@ def _native_plan(x: torch.Tensor, y: torch.Tensor) -> None:
     grid = (cdiv(n, block),)
     args = (replay.Slot(_X), replay.Slot(_Y), replay.Slot(_OUT), n)
     meta = dict(BLOCK_SIZE=block, num_warps=DEFAULT_NUM_WARPS)
-    compiled = _add_kernel.warmup(*replay.real(args, slots), grid=grid, **meta)
-    forward = replay.Program([out], [replay.Step(compiled, grid, args)])
+    forward = replay.Program([out], [replay.compiled_step(_add_kernel, args, slots, grid, meta)])
     no_backward = replay.Program([], [])
     # No backward: its gradient slot (_OUT + 1) is never read.
     replay.add(replay.ADD, x, y, None, 0.0, forward, forward, no_backward, _OUT, _OUT + 1,

@@ -359,6 +359,7 @@ def test_host_probe_times_every_step_of_a_call(capsys):
     assert "2 splits" in out
     for row in (
         "whole call",
+        "Python path, whole",
         "layout key",
         "allocations",
         "split kernel",

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels import device, norms, replay, softmax, vector_add
+from kernels import _validate, device, norms, replay, softmax, vector_add
 from kernels import flash_attention as fa
+from kernels import paged_attention as pa
 
 # ----------------------------------------------------------------------------- CPU: the encoding
 
@@ -34,8 +35,8 @@ def test_encode_step_skips_constants_and_appends_scratch():
     c = _compiled(sig, num_warps=8, shared=4096)
     step = replay.Step(c, (3,), (replay.Slot(0), replay.Slot(5, 64), 7, 1, 2**40, 0.5))
     enc = replay.encode_step(step)
-    assert enc[:6] == [0xABC, 3, 1, 1, 256, 4096]
-    params = [tuple(enc[i : i + 3]) for i in range(6, len(enc), 3)]
+    assert enc[:7] == [0xABC, 3, 1, 1, 256, 4096, 0]
+    params = [tuple(enc[i : i + 3]) for i in range(7, len(enc), 3)]
     assert params == [
         (replay.PTR, 0, 0),
         (replay.PTR, 5, 64),
@@ -51,7 +52,14 @@ def test_encode_step_without_scratch_fields():
     """An older Triton (no scratch parameters in its launcher): none are appended."""
     c = _compiled({"x_ptr": "*fp16"})
     del c.metadata.global_scratch_size, c.metadata.profile_scratch_size
-    assert replay.encode_step(replay.Step(c, (1, 2), (replay.Slot(0),)))[6:] == [replay.PTR, 0, 0]
+    assert replay.encode_step(replay.Step(c, (1, 2), (replay.Slot(0),)))[7:] == [replay.PTR, 0, 0]
+
+
+def test_encode_step_marks_a_programmatic_dependent_launch():
+    c = _compiled({"x_ptr": "*fp16"}, launch_pdl=True)
+    assert replay.encode_step(replay.Step(c, (4,), (replay.Slot(1),)))[:7] == [
+        0xABC, 4, 1, 1, 128, 1024, 1,
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -148,6 +156,7 @@ def python_path_forbidden(monkeypatch):
         monkeypatch.setattr(softmax, "_softmax_backward", forbid)
         monkeypatch.setattr(fa, "_dispatch_forward", forbid)
         monkeypatch.setattr(fa, "_backward", forbid)
+        monkeypatch.setattr(pa, "layout_key", forbid)  # the Python path's first step
 
     return forbid_all
 
@@ -383,6 +392,99 @@ def test_switching_the_path_off_sends_calls_to_python(monkeypatch):
     assert calls == [1]
 
 
+# Paged decode: (batch, tokens per sequence, n_heads, n_kv, head_dim, block_size, dtype). Several
+# splits (batch 1 with 256+ tokens: the combine runs, a programmatic dependent launch on Hopper) in
+# all three dtypes, and one (the rest), GQA and not; the lengths are drawn at random below.
+PAGED_CASES = [(1, 1024, 32, 8, 128, 16, torch.bfloat16), (1, 512, 4, 4, 64, 16, torch.float16),
+               (1, 384, 8, 2, 128, 32, torch.float32), (3, 64, 8, 2, 128, 32, torch.float32),
+               (64, 512, 32, 8, 128, 16, torch.bfloat16), (2, 48, 4, 2, 64, 16, torch.bfloat16)]  # fmt: skip
+
+
+@pytest.fixture
+def debug_off():
+    """Debug mode (on in the test suite) reads lengths and block ids on every call: it keeps paged
+    decode on the Python path. Off here, as in a server."""
+    was = _validate.debug()
+    _validate.debug(False)
+    yield
+    _validate.debug(was)
+
+
+@gpu
+@pytest.mark.parametrize("case", PAGED_CASES)
+def test_paged_decode_replay_matches_python_path_exactly(case, debug_off, python_path_forbidden):
+    batch, seq, n_heads, n_kv, d, block, dtype = case
+    q, k, v, kc, vc, table, lens = pa.decode_case(
+        batch, seq, n_heads=n_heads, n_kv=n_kv, head_dim=d, block_size=block, dtype=dtype
+    )
+    lens = torch.randint(0, seq + 1, lens.shape, device=lens.device, dtype=lens.dtype)
+    lens[0] = seq  # one sequence at the table's capacity
+    n = replay.module().plan_count()
+    first = pa.paged_decode(q, kc, vc, table, lens)  # Python path; it hands C++ the plan
+    assert replay.module().plan_count() == n + 1
+    python_path_forbidden()
+    second = pa.paged_decode(q, kc, vc, table, lens)
+    assert second.dtype == first.dtype and second.shape == first.shape
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    lens.fill_(seq // 2)  # new lengths (values on the device) under the same plan
+    third = pa.paged_decode(q, kc, vc, table, lens)
+    ref = pa.paged_decode_ref(q, kc, vc, table, lens)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(third.float(), ref, rtol=tol, atol=tol)
+
+
+@gpu
+def test_paged_decode_replays_only_what_it_can(debug_off, python_path_forbidden, monkeypatch):
+    """A given split count or tile, debug mode, a bad scale: the Python path, its checks and its
+    errors; another scale is its own plan; a layout never planned still gets the checks."""
+    q, k, v, kc, vc, table, lens = pa.decode_case(1, 256, n_heads=8, n_kv=2, head_dim=64)
+    pa.paged_decode(q, kc, vc, table, lens)
+    n = replay.module().plan_count()
+    o = pa.paged_decode(q, kc, vc, table, lens, sm_scale=0.5)
+    assert replay.module().plan_count() == n + 1
+    ref = pa.paged_decode_ref(q, kc, vc, table, lens, sm_scale=0.5)
+    torch.testing.assert_close(o.float(), ref, rtol=2e-2, atol=2e-2)
+    pa.paged_decode(q, kc, vc, table, lens, num_splits=2)
+    pa.paged_decode(q, kc, vc, table, lens, config=(32, 4, 2))
+    for bad_scale in (-1.0, 0.0, 0, float("nan")):
+        with pytest.raises(ValueError, match="sm_scale"):
+            pa.paged_decode(q, kc, vc, table, lens, sm_scale=bad_scale)
+    with pytest.raises((TypeError, ValueError), match="block_table"):
+        pa.paged_decode(q, kc, vc, table.long(), lens)
+    assert replay.module().plan_count() == n + 1
+    python_path_forbidden()
+    torch.testing.assert_close(
+        pa.paged_decode(q, kc, vc, table, lens, sm_scale=0.5), o, rtol=0, atol=0
+    )
+    with pytest.raises(AssertionError, match="not replayed"):
+        pa.paged_decode(q, kc, vc, table, lens, num_splits=2)
+    _validate.debug(True)
+    with pytest.raises(AssertionError, match="not replayed"):
+        pa.paged_decode(q, kc, vc, table, lens)
+
+
+@gpu
+def test_replayed_paged_decode_under_cuda_graph_capture(debug_off, python_path_forbidden):
+    """A decode step captured in a CUDA graph replays the C++ launches, the programmatic dependent
+    one included, and reads the lengths as they are when the graph runs."""
+    q, k, v, kc, vc, table, lens = pa.decode_case(1, 512, n_heads=8, n_kv=2, head_dim=128)
+    pa.paged_decode(q, kc, vc, table, lens)  # the plan
+    python_path_forbidden()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        pa.paged_decode(q, kc, vc, table, lens)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pa.paged_decode(q, kc, vc, table, lens)
+    lens.fill_(300)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = pa.paged_decode_ref(q, kc, vc, table, lens)
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
 FIRST_BACKWARD = """
 import torch
 from kernels import norms, replay, softmax
@@ -559,3 +661,34 @@ def test_vector_add_plans_only_calls_it_can_replay(monkeypatch):
     with torch.no_grad():  # no gradient wanted in no-grad mode
         vector_add.add(x.clone().requires_grad_(), y)
     assert len(built) == 2
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_paged_decode_plan_repeats_the_python_paths_launches(monkeypatch, splits):
+    """The plan launches the split kernel at the config the autotuner chose, then (several splits)
+    the combine, with the Python path's grids, arguments and meta-parameters."""
+    from kernels import launch
+
+    q, _, _, kc, vc, table, lens = pa.decode_case(
+        2, 48, n_heads=4, n_kv=2, head_dim=64, dtype=torch.float32
+    )
+    inputs = (q, kc, vc, table, lens)
+    python = _python_launches(monkeypatch, lambda: pa.paged_decode(*inputs, num_splits=splits))
+    plan = pa._PLANS.get(launch.layout_key(inputs, splits, None))
+    config = pa._paged_decode_split_kernel.best_config.all_kwargs()
+    split, combine = pa._paged_decode_split_kernel.fn, pa._paged_decode_combine_kernel
+    for k in (split, combine):
+        monkeypatch.setattr(
+            k, "warmup", lambda *a, grid, _k=k, **meta: SimpleNamespace(k=_k, meta=meta)
+        )
+    got = {}
+    monkeypatch.setattr(replay, "add_inference", lambda op, i, s, prog, y: got.update(p=prog, y=y))
+    pa._native_plan(inputs, plan, 0.125, 0.0, None)
+    planned = [(s.compiled.k, tuple(s.grid), s.args, s.compiled.meta) for s in got["p"].steps]
+    assert len(python) == len(planned) == (1 if splits == 1 else 2)
+    # The Python path launches the split kernel through its autotuner, which adds the config.
+    assert python[0][0] is pa._paged_decode_split_kernel
+    python[0] = (split, python[0][1], python[0][2], {**python[0][3], **config})
+    _same_launches(python, planned, {id(t): i for i, t in enumerate(inputs)})
+    assert got["y"] == pa._OUT
+    assert [a.slot for a in got["p"].allocs] == ([pa._OUT] if splits == 1 else [pa._OUT, pa._PARTS])

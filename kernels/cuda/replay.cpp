@@ -1,14 +1,15 @@
 // Replay of recorded Triton launches from C++: the host path of kernels.replay.
 //
-// A row-wise op (a norm, softmax), vector add or a small attention problem is a few Triton kernels
-// around a few fresh tensors. Python works out, once per input layout, which tensors to allocate
+// A row-wise op (a norm, softmax), vector add, a small attention problem or a paged decode step is a
+// few Triton kernels around a few fresh tensors. Python works out, once per input layout, which tensors to allocate
 // and which compiled kernels to launch with which parameters (a Plan); this file allocates and
 // launches them with no Python in between. The backward runs as a C++ autograd node, on the
 // autograd engine's thread, without taking the GIL: the same path PyTorch's own ops take, and the
 // reason for this file (page 3.4 measures it).
 //
-// Tensors live in numbered slots: 0, 1, 2 are the op's inputs (x, weight, bias, vector add's x and
-// y, or attention's q, k, v; absent ones undefined), the others are what the plan allocates. A
+// Tensors live in numbered slots: the op's inputs first (x, weight, bias, vector add's x and y, or
+// attention's q, k, v: three slots, absent ones undefined; an inference op's n inputs: n slots),
+// the others are what the plan allocates. A
 // kernel parameter is a slot's data pointer plus a byte offset, an integer, an fp32 bit pattern, or
 // a null pointer (Triton's scratch).
 
@@ -36,6 +37,7 @@ using Slots = std::array<at::Tensor, kSlots>;
 struct Launch {
   CUfunction fn;
   unsigned grid[3], threads, smem;
+  bool pdl;  // a programmatic dependent launch: may start before the previous kernel has finished
   std::vector<int64_t> kind, slot, value;
 };
 
@@ -68,14 +70,14 @@ std::map<std::vector<int64_t>, PlanPtr> plans;  // an autograd node keeps its ow
 // Everything the plan depends on: the op, each input's shape, strides, dtype, device and 16-byte
 // alignment (Triton compiles a binary per alignment), and the op's scalar setting (a norm's eps,
 // softmax's widest fused block, attention's scale or 0 for the default).
-std::vector<int64_t> make_key(int64_t op, const at::Tensor& x, const std::optional<at::Tensor>& w,
-                              const std::optional<at::Tensor>& b, double setting) {
+std::vector<int64_t> make_key(int64_t op, const std::vector<const at::Tensor*>& inputs,
+                              double setting) {
   std::vector<int64_t> key{op};
-  key.reserve(40);
+  key.reserve(2 + 12 * inputs.size());
   int64_t bits;
   std::memcpy(&bits, &setting, sizeof bits);
   key.push_back(bits);
-  for (const at::Tensor* t : {&x, w ? &*w : nullptr, b ? &*b : nullptr}) {
+  for (const at::Tensor* t : inputs) {
     if (t == nullptr || !t->defined()) {
       key.push_back(-1);
       continue;
@@ -88,6 +90,11 @@ std::vector<int64_t> make_key(int64_t op, const at::Tensor& x, const std::option
     key.push_back(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0);
   }
   return key;
+}
+
+std::vector<int64_t> make_key(int64_t op, const at::Tensor& x, const std::optional<at::Tensor>& w,
+                              const std::optional<at::Tensor>& b, double setting) {
+  return make_key(op, {&x, w ? &*w : nullptr, b ? &*b : nullptr}, setting);
 }
 
 // Driver entry points from the libcuda torch has loaded, looked up once (as Triton's launcher
@@ -106,6 +113,7 @@ void* driver_symbol(const char* name) {
 
 using LaunchKernel = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                   unsigned, unsigned, CUstream, void**, void**);
+using LaunchKernelEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
 using CtxGetCurrent = CUresult (*)(CUcontext*);
 using DeviceGet = CUresult (*)(CUdevice*, int);
 using PrimaryCtxRetain = CUresult (*)(CUcontext*, CUdevice);
@@ -132,6 +140,30 @@ void ensure_context(int device_index) {
   check(set_current(ctx), "cuCtxSetCurrent");
 }
 
+// A launch that may begin while the kernel before it on the stream is still running: the kernel
+// waits (griddepcontrol.wait) where it needs that kernel's results. Triton's launcher does the same
+// for a kernel compiled with launch_pdl.
+void launch_dependent(const Launch& l, CUstream stream, void** params) {
+  static const auto launch_ex = reinterpret_cast<LaunchKernelEx>(driver_symbol("cuLaunchKernelEx"));
+  CUlaunchAttribute attr;
+  std::memset(&attr, 0, sizeof attr);
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config;
+  std::memset(&config, 0, sizeof config);
+  config.gridDimX = l.grid[0];
+  config.gridDimY = l.grid[1];
+  config.gridDimZ = l.grid[2];
+  config.blockDimX = l.threads;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = l.smem;
+  config.hStream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  check(launch_ex(&config, l.fn, params, nullptr), "cuLaunchKernelEx");
+}
+
 // Allocates and launches a program on `s`; `ref` gives the device (x in the forward, the first
 // saved tensor in the backward, where x itself may not be kept).
 void run(const Program& prog, Slots& s, const at::Tensor& ref) {
@@ -151,6 +183,7 @@ void run(const Program& prog, Slots& s, const at::Tensor& ref) {
   std::array<uint64_t, kMaxParams> store;
   std::array<void*, kMaxParams> ptrs;
   for (const auto& l : prog.launches) {
+    if (l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0) continue;  // as Triton's launcher
     const size_t n = l.kind.size();
     for (size_t i = 0; i < n; i++) {
       store[i] = 0;
@@ -176,9 +209,13 @@ void run(const Program& prog, Slots& s, const at::Tensor& ref) {
       }
       ptrs[i] = &store[i];
     }
-    check(launch(l.fn, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.smem, stream,
-                 ptrs.data(), nullptr),
-          "cuLaunchKernel");
+    if (l.pdl) {
+      launch_dependent(l, stream, ptrs.data());
+    } else {
+      check(launch(l.fn, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.smem, stream,
+                   ptrs.data(), nullptr),
+            "cuLaunchKernel");
+    }
   }
 }
 
@@ -285,7 +322,7 @@ std::optional<at::Tensor> row_op(int64_t op, const at::Tensor& x,
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = plans.find(key);
-    if (it == plans.end()) return std::nullopt;
+    if (it == plans.end() || it->second->saved.empty()) return std::nullopt;
     plan = it->second;
   }
   c10::cuda::CUDAGuard guard(x.device());
@@ -308,41 +345,45 @@ std::optional<at::Tensor> row_op(int64_t op, const at::Tensor& x,
 namespace {
 
 // Decoding of what Python hands over (kernels/replay.py writes the same layout).
-// launch: [function, grid x, y, z, threads, shared bytes, then (kind, slot, value) per parameter]
+// launch: [function, grid x, y, z, threads, shared bytes, programmatic dependent (0 or 1), then
+// (kind, slot, value) per parameter]
+constexpr size_t kHeader = 7;
 Launch decode_launch(const std::vector<int64_t>& v) {
-  TORCH_CHECK(v.size() >= 6 && (v.size() - 6) % 3 == 0, "replay: malformed launch");
+  TORCH_CHECK(v.size() >= kHeader && (v.size() - kHeader) % 3 == 0, "replay: malformed launch");
   Launch l;
   l.fn = reinterpret_cast<CUfunction>(static_cast<uintptr_t>(v[0]));
   for (int i = 0; i < 3; i++) l.grid[i] = static_cast<unsigned>(v[1 + i]);
   l.threads = static_cast<unsigned>(v[4]);
   l.smem = static_cast<unsigned>(v[5]);
-  const size_t n = (v.size() - 6) / 3;
+  l.pdl = v[6] != 0;
+  const size_t n = (v.size() - kHeader) / 3;
   TORCH_CHECK(n <= kMaxParams, "replay: more than ", kMaxParams, " kernel parameters");
   for (size_t i = 0; i < n; i++) {
-    const int64_t kind = v[6 + 3 * i], slot = v[7 + 3 * i];
+    const int64_t kind = v[kHeader + 3 * i], slot = v[kHeader + 1 + 3 * i];
     TORCH_CHECK(kind >= PTR && kind <= NUL, "replay: unknown parameter kind ", kind);
     TORCH_CHECK(kind != PTR || (slot >= 0 && slot < kSlots), "replay: slot out of range");
     l.kind.push_back(kind);
     l.slot.push_back(slot);
-    l.value.push_back(v[8 + 3 * i]);
+    l.value.push_back(v[kHeader + 2 + 3 * i]);
   }
   return l;
 }
 
-// allocation: [kind, slot, source slot, index, dtype, shape...]
-Allocation decode_alloc(const std::vector<int64_t>& v) {
+// allocation: [kind, slot, source slot, index, dtype, shape...]; `inputs` slots come before the
+// first one a plan may allocate into.
+Allocation decode_alloc(const std::vector<int64_t>& v, int64_t inputs) {
   TORCH_CHECK(v.size() >= 5, "replay: malformed allocation");
   Allocation a{v[0], v[1], v[2], v[3], v[4], std::vector<int64_t>(v.begin() + 5, v.end())};
   TORCH_CHECK(a.kind >= LIKE && a.kind <= SELECT, "replay: unknown allocation kind");
-  TORCH_CHECK(a.slot >= 3 && a.slot < kSlots && a.src >= 0 && a.src < kSlots,
+  TORCH_CHECK(a.slot >= inputs && a.slot < kSlots && a.src >= 0 && a.src < kSlots,
               "replay: allocation slot out of range");
   return a;
 }
 
 Program decode(const std::vector<std::vector<int64_t>>& allocs,
-               const std::vector<std::vector<int64_t>>& launches) {
+               const std::vector<std::vector<int64_t>>& launches, int64_t inputs = 3) {
   Program p;
-  for (const auto& a : allocs) p.allocs.push_back(decode_alloc(a));
+  for (const auto& a : allocs) p.allocs.push_back(decode_alloc(a, inputs));
   for (const auto& l : launches) p.launches.push_back(decode_launch(l));
   return p;
 }
@@ -374,4 +415,46 @@ void add_plan(int64_t op, const at::Tensor& x, const std::optional<at::Tensor>& 
 int64_t plan_count() {
   std::lock_guard<std::mutex> lock(mutex);
   return static_cast<int64_t>(plans.size());
+}
+
+// An inference op (paged decode: no autograd) with up to kSlots inputs, each in its own slot.
+
+// The op's output if a plan for this layout exists, else None (as row_op).
+std::optional<at::Tensor> inference_op(int64_t op, const std::vector<at::Tensor>& inputs,
+                                       double setting) {
+  if (inputs.empty() || inputs.size() > kSlots) return std::nullopt;
+  std::vector<const at::Tensor*> refs;
+  for (const auto& t : inputs) {
+    if (!t.defined() || !t.is_cuda() || t.layout() != at::kStrided) return std::nullopt;
+    refs.push_back(&t);
+  }
+  const auto key = make_key(op, refs, setting);
+  PlanPtr plan;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = plans.find(key);
+    if (it == plans.end() || !it->second->saved.empty()) return std::nullopt;
+    plan = it->second;
+  }
+  c10::cuda::CUDAGuard guard(inputs[0].device());
+  Slots s;
+  for (size_t i = 0; i < inputs.size(); i++) s[i] = inputs[i];
+  run(plan->fwd_nograd, s, inputs[0]);
+  return s[plan->y_slot];
+}
+
+// Adds the plan of an inference op for the layout of `inputs` and `setting`.
+void add_inference_plan(int64_t op, const std::vector<at::Tensor>& inputs, double setting,
+                        const std::vector<std::vector<int64_t>>& allocs,
+                        const std::vector<std::vector<int64_t>>& launches, int64_t y_slot) {
+  const auto n = static_cast<int64_t>(inputs.size());
+  TORCH_CHECK(n >= 1 && n <= kSlots && y_slot >= 0 && y_slot < kSlots, "replay: malformed plan");
+  auto plan = c10::make_intrusive<Plan>(Program{}, decode(allocs, launches, n), Program{}, y_slot,
+                                        -1, std::vector<int64_t>{}, std::vector<int64_t>{});
+  std::vector<const at::Tensor*> refs;
+  for (const auto& t : inputs) refs.push_back(&t);
+  const auto key = make_key(op, refs, setting);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (plans.size() >= kMaxPlans) plans.clear();
+  plans[key] = std::move(plan);
 }

@@ -2,12 +2,13 @@
 
 At batch 1 and 1,024 tokens the kernels take about 13 µs on an H100, level with SDPA's, but a call
 cost 62-70 µs of CPU time against SDPA's 44-46 (results/profiles/2026-12-06-*-slow-cases.txt).
-This probe times, in one process, the whole call and each step of its planned path alone: the
-layout key, the plan lookup, the checks of the scale and of debug mode, the allocations (the
+This probe times, in one process, the whole call (from C++ through ``kernels.replay`` where it
+is built, as a decode step gets it after a layout's first call), the Python path's whole call, and
+each step of the Python path alone: the layout key, the plan lookup, the checks of the scale and of debug mode, the allocations (the
 output, and one fp32 buffer for the partial outputs and their log-sum-exps), the split kernel's
 launch and the combine kernel's launch. Each row is CPU µs per call (``time.process_time``, least of 5 loops of
 ``--calls`` back-to-back calls, a synchronize after each loop); the steps' sum against the whole
-call says what is left (Python's own calls and attribute lookups).
+Python path's whole call says what is left (Python's own calls and attribute lookups).
 
     python scripts/gpu/paged_host_probe.py [--smoke] [--calls 500] [--splits N]
 """
@@ -19,7 +20,7 @@ import time
 
 import torch
 
-from kernels import _validate, device, launch, shapes
+from kernels import _validate, device, launch, replay, shapes
 from kernels import paged_attention as pa
 
 
@@ -34,7 +35,15 @@ def steps(batch: int, seq: int, dtype: torch.dtype, splits: int | None) -> tuple
     def ours():
         return pa.paged_decode(q, kc, vc, table, lens, num_splits=splits)
 
+    def python_path():
+        replay.ON = False
+        try:
+            return pa.paged_decode(q, kc, vc, table, lens, num_splits=splits)
+        finally:
+            replay.ON = True
+
     got = ours()  # plans the layout (and tunes the kernel)
+    torch.testing.assert_close(ours(), got, rtol=0, atol=0)  # from C++ where it is built
     tol = 2e-2 if dtype.itemsize == 2 else 1e-4  # 16-bit: a few steps of bf16's precision
     torch.testing.assert_close(got.float(), pa.sdpa_decode(q, k, v).float(), rtol=tol, atol=tol)
     key = launch.layout_key((q, kc, vc, table, lens), splits, None)
@@ -54,6 +63,7 @@ def steps(batch: int, seq: int, dtype: torch.dtype, splits: int | None) -> tuple
 
     fns = {
         "paged_decode, whole call": ours,
+        "paged_decode, Python path, whole": python_path,
         "layout key (5 tensors)": lambda: launch.layout_key((q, kc, vc, table, lens), splits, None),
         "plan lookup": lambda: pa._PLANS.get(key),
         "settings checks": lambda: (pa._check_num_splits(None), pa._check_config(None)),
@@ -92,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     parts = [k for k in res if "whole" not in k and k != "a Python call that does nothing"]
     total = sum(res[k] for k in parts)
     print(f"  {'sum of the steps':34s} {total:8.1f}")
-    print(f"  {'whole call - sum of the steps':34s} {res['paged_decode, whole call'] - total:8.1f}")
+    left = res["paged_decode, Python path, whole"] - total
+    print(f"  {'Python path - sum of the steps':34s} {left:8.1f}")
+    print(f"  (the whole call from C++: {replay.enabled() and args.splits is None})")
     return 0
 
 

@@ -156,6 +156,7 @@ def attention_fwd_bwd():
 
 
 def paged_decode():
+    from kernels import _validate
     from kernels import paged_attention as pa
 
     q, _, _, kc, vc, table, lens = pa.decode_case(
@@ -165,6 +166,22 @@ def paged_decode():
     ref = pa.paged_decode_ref(q, kc, vc, table, lens)
     for splits in (1, 3):
         close(pa.paged_decode(q, kc, vc, table, lens, num_splits=splits, config=(32, 4, 2)), ref)
+    # The default path twice outside debug mode: the second call launches from C++ (kernels.replay),
+    # the combine as a programmatic dependent.
+    # Batch 1 over 512 tokens: several splits, so the combine runs (a programmatic dependent).
+    q, _, _, kc, vc, table, lens = pa.decode_case(
+        1, 512, n_heads=8, n_kv=2, head_dim=64, dtype=torch.float16
+    )
+    one = (q, kc, vc, table, lens.fill_(300))
+    assert pa.default_num_splits(1, 2, 512) > 1
+    ref = pa.paged_decode_ref(*one)
+    was = _validate.debug()
+    _validate.debug(False)
+    try:
+        for _ in range(2):
+            close(pa.paged_decode(*one), ref)
+    finally:
+        _validate.debug(was)
 
 
 def mla_dsa():
