@@ -153,3 +153,17 @@ def test_split_probe_runs_and_checks_each_split(capsys):
     rows = [line.split() for line in out.splitlines() if line.startswith("1, 64, 256")]
     assert [r[3] for r in rows] == ["8", "4"]  # both weight formats
     assert all(len(r) == 5 + 3 for r in rows)  # the default, split 2 and torch: device/host each
+
+
+def test_split_k_rule(monkeypatch):
+    """K is split only for weights of SPLIT_FROM_BYTES or more (smaller GEMVs are latency-bound,
+    and the split's second launch costs the host more than it saves), then while fewer than
+    SPLIT_BELOW_PROGRAMS_PER_SM programs per SM would stream them. An H100's 132 SMs:"""
+    monkeypatch.setattr(qgemv.device, "GPU_MODE", True)
+    monkeypatch.setattr(launch, "sm_count", lambda *a: 132)
+    mib = 1 << 20
+    assert qgemv._pick_split_k(128, 32, 16 * mib) == 1  # 4096 x 4096 int8: unsplit
+    assert qgemv._pick_split_k(256, 64, 64 * mib) == 2  # 8192 x 8192 int8: two waves of programs
+    assert qgemv._pick_split_k(128, 32, 32 * mib) == 4  # at the floor, few programs: four ways
+    assert qgemv._pick_split_k(448, 32, 56 * mib) == 1  # 14336 x 4096 int8: enough programs
+    assert qgemv._pick_split_k(8, 2, 64 * mib) == 1  # K too short to split

@@ -242,13 +242,19 @@ def max_block_k(k: int, kp: int, group_size: int) -> int:
 # not time). Each split writes its own fp32 partial sums and kernels.partial_sums adds them in a
 # fixed order: the result is the same on every run.
 SPLIT_BELOW_PROGRAMS_PER_SM = 2
+# Weights smaller than this are never split. Below it a GEMV is latency-bound, and the split's second
+# launch and allocation cost the host more than the extra loads save on the device. Measured on an
+# H100 (2026-12-06, scripts/gpu/gemv_split_probe.py, one row of 4096 x 4096 int8, 16 MiB): split
+# four ways 17.1 µs on the device and 25.0 µs of host a call; unsplit 19.1 and 14.8 (torch.matmul
+# on the 16-bit weight: 23.3 and 16.3). The 8192 x 8192 gains above are 32-64 MiB.
+SPLIT_FROM_BYTES = 32 << 20
 
 
-def _pick_split_k(n_programs: int, k_tiles: int) -> int:
+def _pick_split_k(n_programs: int, k_tiles: int, weight_bytes: int) -> int:
     """Split K across programs while fewer than ``SPLIT_BELOW_PROGRAMS_PER_SM`` programs per SM
-    would stream the weights: the sum of the splits' partial results costs one extra launch,
-    which the extra loads in flight repay at these sizes."""
-    if not device.GPU_MODE:
+    would stream the weights, for weights of ``SPLIT_FROM_BYTES`` or more: the sum of the splits'
+    partial results costs one extra launch, which the extra loads in flight repay at these sizes."""
+    if not device.GPU_MODE or weight_bytes < SPLIT_FROM_BYTES:
         return 1
     target = SPLIT_BELOW_PROGRAMS_PER_SM * launch.sm_count()
     split = 1
@@ -397,7 +403,8 @@ def _plan(x, qw: QuantizedWeight, path, split_k, fast_unpack) -> _GemvPlan:
         block_m = max(16, min(MAX_M_BLOCK, next_power_of_2(m)))
         kernel = _QMM
         tiles_m = cdiv(m, block_m)
-    split = split_k or _pick_split_k(cdiv(n, 32) * tiles_m, cdiv(kp, 128))
+    weight_bytes = qw.data.numel() * qw.data.element_size()
+    split = split_k or _pick_split_k(cdiv(n, 32) * tiles_m, cdiv(kp, 128), weight_bytes)
 
     def grid(meta):  # BLOCK_N is the autotuner's choice; the launcher keeps the tuple it gives
         return (cdiv(n, meta["BLOCK_N"]) * tiles_m, split)
