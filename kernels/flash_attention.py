@@ -966,7 +966,7 @@ def attention(
     # The default options at a layout seen before, on a GPU: launched from C++ (kernels.replay).
     replayable = _replayable(causal, sm_scale, tma, backward, impl)
     if replayable:
-        o = replay.call(_REPLAY_OPS[causal], q, k, v, _setting(sm_scale))
+        o = replay.call(_REPLAY_OPS[causal], q, k, v, replay.scale_setting(sm_scale))
         if o is not None:
             return o
     scale = _check(q, k, v, causal, sm_scale)
@@ -975,7 +975,7 @@ def attention(
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if replayable:
-        _plan_native(q, k, v, causal, scale, _setting(sm_scale))
+        _plan_native(q, k, v, causal, scale, replay.scale_setting(sm_scale))
     # Autograd's bookkeeping costs microseconds a call: pay it only when a gradient is wanted.
     if replay.wants_grad(q, k, v):
         return FlashAttention.apply(q, k, v, causal, scale, tma, backward, impl)
@@ -992,20 +992,15 @@ _REPLAY_OPS = {False: replay.ATTENTION, True: replay.ATTENTION_CAUSAL}
 
 def _replayable(causal, sm_scale, tma, backward, impl) -> bool:
     """Whether a call may take the C++ path: the default options, and settings C++ keys exactly
-    (a bool ``causal``; ``sm_scale`` None or a positive float or int, since a plan's key holds 0
-    for the default); anything else takes Python's path, whose checks name what is wrong."""
+    (a bool ``causal``, a scale ``replay.scale_setting`` takes); anything else takes Python's
+    path, whose checks name what is wrong."""
     return (
         tma is None
         and backward == "two_kernels"
         and impl == "auto"
         and type(causal) is bool
-        and (sm_scale is None or (type(sm_scale) in (float, int) and sm_scale > 0))
+        and replay.scale_setting(sm_scale) is not None
     )
-
-
-def _setting(sm_scale) -> float:
-    """The plan key's setting: the scale as given, 0 for the default (no valid scale is 0)."""
-    return 0.0 if sm_scale is None else float(sm_scale)
 
 
 def _plan_native(q, k, v, causal: bool, scale: float, setting: float) -> None:
@@ -1037,14 +1032,10 @@ def _native_plan(q, k, v, causal: bool, scale: float, setting: float) -> None:
     ]
     replay.materialize(fwd_allocs, slots)
     args = (S(_Q), S(_K), S(_V), S(_O), S(_LSE), scale, n_q, n_kv)
-    fwd = replay.Program(
-        fwd_allocs,
-        [
-            replay.compiled_step(
-                _attn_fwd_kernel.fn, args, slots, *_fast_fwd(q.shape, causal, False)
-            )
-        ],
+    step = replay.compiled_step(
+        _attn_fwd_kernel.fn, args, slots, *_fast_fwd(q.shape, causal, False)
     )
+    fwd = replay.Program(fwd_allocs, [step])
 
     slots[_DO] = torch.empty_like(q)  # what the compile sees for dO: fresh, contiguous
     bwd_allocs = [A(replay.NEW, _DELTA, _Q, dtype=replay.FP32, shape=lse_shape),
@@ -1053,9 +1044,8 @@ def _native_plan(q, k, v, causal: bool, scale: float, setting: float) -> None:
     rows = B * H * n_q
     # dq_acc is a pointer no kernel of the two-kernel backward reads: the lse slot will do.
     args = (S(_O), S(_DO), S(_DELTA), S(_LSE), rows)
-    steps = [
-        replay.compiled_step(_attn_bwd_preprocess_kernel, args, slots, *_pre_launch(rows, D, False))
-    ]
+    pre = _attn_bwd_preprocess_kernel
+    steps = [replay.compiled_step(pre, args, slots, *_pre_launch(rows, D, False))]
     launches = _fast_bwd(q.shape, n_kv, causal, False, False)
     args = (S(_Q), S(_K), S(_V), S(_DO), S(_LSE), S(_DELTA), S(_DK), S(_DV), S(_LSE), S(_LSE),
             scale, n_q, n_kv)  # fmt: skip

@@ -406,9 +406,8 @@ def paged_decode(
     # A layout seen before, on a GPU, at the default split count and tile: launched from C++.
     replayable = _replayable(sm_scale, num_splits, config)
     if replayable:
-        out = replay.inference_call(
-            replay.PAGED_DECODE, (q, k_cache, v_cache, block_table, seq_lens), _setting(sm_scale)
-        )
+        inputs = (q, k_cache, v_cache, block_table, seq_lens)
+        out = replay.inference_call(replay.PAGED_DECODE, inputs, replay.scale_setting(sm_scale))
         if out is not None:
             return out
     layout = layout_key((q, k_cache, v_cache, block_table, seq_lens), num_splits, config)
@@ -440,8 +439,7 @@ def paged_decode(
         args = (o_dst, out, plan.part_shape[2])
         _COMBINE(layout, _combine_grid(plan), args, **plan.combine_meta)
     if replayable and replay.planning(q):
-        inputs = (q, k_cache, v_cache, block_table, seq_lens)
-        replay.build(_native_plan, inputs, plan, scale, _setting(sm_scale), layout)
+        replay.build(_native_plan, inputs, plan, scale, replay.scale_setting(sm_scale), layout)
     return out
 
 
@@ -456,20 +454,14 @@ _Q, _K, _V, _TABLE, _LENS, _OUT, _PARTS = range(7)
 
 
 def _replayable(sm_scale, num_splits, config) -> bool:
-    """Whether a call may take the C++ path: the default split count and tile, a scale C++ keys
-    exactly (None or a positive float or int: 0 is the default's setting in the plan key), and not
-    in debug mode, whose value checks read the device."""
+    """Whether a call may take the C++ path: the default split count and tile, a scale
+    ``replay.scale_setting`` takes, and not in debug mode, whose value checks read the device."""
     return (
         num_splits is None
         and config is None
-        and (sm_scale is None or (type(sm_scale) in (float, int) and sm_scale > 0))
+        and replay.scale_setting(sm_scale) is not None
         and not _validate.debug()
     )
-
-
-def _setting(sm_scale) -> float:
-    """The plan key's setting: the scale as given, 0 for the default."""
-    return 0.0 if sm_scale is None else float(sm_scale)
 
 
 def _native_plan(inputs, plan: _DecodePlan, scale: float, setting: float, layout) -> None:

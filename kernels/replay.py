@@ -188,6 +188,17 @@ def build(make_plan, *args) -> None:
         warnings.warn(f"kernels.replay: no plan made ({e!r}); Python path kept", stacklevel=3)
 
 
+def scale_setting(sm_scale) -> float | None:
+    """An attention scale as a plan key's setting: 0 for None (the default scale), a positive
+    float or int as itself, None for anything else (a scale C++ could not key exactly, or a bad
+    one: such a call takes the Python path, whose checks name what is wrong)."""
+    if sm_scale is None:
+        return 0.0
+    if type(sm_scale) in (float, int) and sm_scale > 0:
+        return float(sm_scale)
+    return None
+
+
 def _float_bits(v: float) -> int:
     return struct.unpack("<I", struct.pack("<f", v))[0]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import eager_and_graphed, guarded
 
-from kernels import device
+from kernels import device, replay
 from kernels import flash_attention as fa
 
 # Triton's interpreter computes bf16 wrongly (a known limitation): bf16 is checked on GPUs only.
@@ -308,7 +308,7 @@ def test_only_default_options_take_the_cpp_launch_path():
         assert not fa._replayable(*args), args
     for bad_scale in (0.0, 0, -1.0, -0.0, float("nan")):  # 0 would name the default's plan
         assert not fa._replayable(False, bad_scale, None, "two_kernels", "auto"), bad_scale
-    assert fa._setting(None) == 0.0 and fa._setting(2) == 2.0
+    assert replay.scale_setting(None) == 0.0 and replay.scale_setting(2) == 2.0
 
 
 def test_attention_skips_autograd_without_grad(monkeypatch):

@@ -2,7 +2,7 @@ import pytest
 import torch
 from conftest import eager_and_graphed, guarded, load_script
 
-from kernels import device
+from kernels import _validate, device
 from kernels import paged_attention as pa
 
 # Triton's interpreter computes bf16 wrongly (a known limitation): bf16 is checked on GPUs only.
@@ -348,6 +348,23 @@ def test_a_layout_is_checked_and_planned_once_its_values_on_every_call(monkeypat
     pa.paged_decode(q, k, v, table, lens, num_splits=1)
     with pytest.raises(ValueError, match="num_splits"):
         pa.paged_decode(q, k, v, table, lens, num_splits=True)
+
+
+def test_only_default_settings_take_the_cpp_launch_path():
+    """kernels.replay keys paged decode's plan by the layout and the scale: a given split count or
+    tile, a scale it could not key exactly, or debug mode (whose value checks read the device)
+    takes the Python path."""
+    was = _validate.debug()
+    try:
+        _validate.debug(False)  # as in a server (the test suite runs in debug mode)
+        assert pa._replayable(None, None, None) and pa._replayable(0.125, None, None)
+        for args in [(None, 2, None), (None, None, (32, 4, 2)), (0, None, None), (-1.0, None, None),
+                     (float("nan"), None, None), (True, None, None), ("0.1", None, None)]:  # fmt: skip
+            assert not pa._replayable(*args), args
+        _validate.debug(True)
+        assert not pa._replayable(None, None, None)
+    finally:
+        _validate.debug(was)
 
 
 def test_host_probe_times_every_step_of_a_call(capsys):

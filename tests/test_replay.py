@@ -429,7 +429,7 @@ def test_paged_decode_replay_matches_python_path_exactly(case, debug_off, python
     lens.fill_(seq // 2)  # new lengths (values on the device) under the same plan
     third = pa.paged_decode(q, kc, vc, table, lens)
     ref = pa.paged_decode_ref(q, kc, vc, table, lens)
-    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}[dtype]
     torch.testing.assert_close(third.float(), ref, rtol=tol, atol=tol)
 
 

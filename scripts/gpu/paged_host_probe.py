@@ -3,12 +3,13 @@
 At batch 1 and 1,024 tokens the kernels take about 13 µs on an H100, level with SDPA's, but a call
 cost 62-70 µs of CPU time against SDPA's 44-46 (results/profiles/2026-12-06-*-slow-cases.txt).
 This probe times, in one process, the whole call (from C++ through ``kernels.replay`` where it
-is built, as a decode step gets it after a layout's first call), the Python path's whole call, and
-each step of the Python path alone: the layout key, the plan lookup, the checks of the scale and of debug mode, the allocations (the
-output, and one fp32 buffer for the partial outputs and their log-sum-exps), the split kernel's
-launch and the combine kernel's launch. Each row is CPU µs per call (``time.process_time``, least of 5 loops of
-``--calls`` back-to-back calls, a synchronize after each loop); the steps' sum against the whole
-Python path's whole call says what is left (Python's own calls and attribute lookups).
+is built, as a decode step gets it after a layout's first call; with ``--splits`` the Python
+path), the Python path's whole call, and each step of the Python path alone: the layout key, the
+plan lookup, the checks of the scale and of debug mode, the allocations (the output, and one fp32
+buffer for the partial outputs and their log-sum-exps), the split kernel's launch and the combine
+kernel's launch. Each row is CPU µs per call (``time.process_time``, least of 5 loops of
+``--calls`` back-to-back calls, a synchronize after each loop); the steps' sum against the Python
+path's whole call says what is left (Python's own calls and attribute lookups).
 
     python scripts/gpu/paged_host_probe.py [--smoke] [--calls 500] [--splits N]
 """

@@ -166,9 +166,8 @@ def paged_decode():
     ref = pa.paged_decode_ref(q, kc, vc, table, lens)
     for splits in (1, 3):
         close(pa.paged_decode(q, kc, vc, table, lens, num_splits=splits, config=(32, 4, 2)), ref)
-    # The default path twice outside debug mode: the second call launches from C++ (kernels.replay),
-    # the combine as a programmatic dependent.
-    # Batch 1 over 512 tokens: several splits, so the combine runs (a programmatic dependent).
+    # The default path twice outside debug mode: the second call launches from C++ (kernels.replay).
+    # Batch 1 over 512 tokens makes several splits, so the combine runs (a programmatic dependent).
     q, _, _, kc, vc, table, lens = pa.decode_case(
         1, 512, n_heads=8, n_kv=2, head_dim=64, dtype=torch.float16
     )
