@@ -76,7 +76,9 @@ def _describe(rec: dict) -> dict:
         op = kernel
     dtype, size = DTYPES[m.group("t")]
     e = int(m.group("e"))
-    chunks = 2 if kernel.endswith("bwd") else 1  # the backward holds two rows' chunks
+    # softmax's backward holds two chunks (y and dy); the norms' backward four (x and dy of the row
+    # it works on and of the next, whose loads are in flight)
+    chunks = 4 if kernel == "norm_bwd" else 2 if kernel.endswith("bwd") else 1
     return dict(rec, op=op, dtype=dtype, e=e, occ=int(m.group("occ") or 0),
                 chunk_kb=chunks * e * THREADS * size / 1024)  # fmt: skip
 

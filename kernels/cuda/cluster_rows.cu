@@ -22,8 +22,8 @@
 //   norm_fwd   y = (x - mean) * rstd * w (+ b), and the row's mean and rstd (fp32) if STATS
 //   norm_bwd   dx, and each cluster's fp32 partial column sums of dy * xhat (dw) and dy (db): the
 //              clusters are persistent (as many as fit), each walks rows c, c + G, c + 2G, ...
-//              and keeps its columns' dw/db sums in registers; kernels.partial_sums adds the G
-//              partial rows up afterwards
+//              with the next row's loads in flight, and keeps its columns' dw/db sums in shared
+//              memory; kernels.partial_sums adds the G partial rows up afterwards
 //   softmax_fwd  y = exp(x - max) / sum(exp(x - max))
 //   softmax_bwd  dx = y * (dy - sum(y * dy))
 //
@@ -78,34 +78,19 @@ struct Packed : Cols<T, E> {
   using Cols<T, E>::col;
   uint4 raw[N];
 
+  // STREAM: evict-first (a row, read once); else through the read-only cache (the weights).
+  template <bool STREAM = true>
   __device__ __forceinline__ void load(const T* row, int c0, int n) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int c = col(c0, i);
-      raw[i] = c < n ? __ldcs(reinterpret_cast<const uint4*>(row + c)) : make_uint4(0, 0, 0, 0);
+      if constexpr (STREAM)
+        raw[i] = c < n ? __ldcs(reinterpret_cast<const uint4*>(row + c)) : make_uint4(0, 0, 0, 0);
+      else
+        raw[i] = c < n ? __ldg(reinterpret_cast<const uint4*>(row + c)) : make_uint4(0, 0, 0, 0);
     }
   }
   __device__ __forceinline__ float at(int i, int j) const { return to_f(reinterpret_cast<const T*>(&raw[i])[j]); }
-};
-
-// The chunk as fp32 values the kernel may overwrite (the norms' backward turns x into xhat).
-template <typename T, int E>
-struct Floats : Cols<T, E> {
-  using Cols<T, E>::N;
-  using Cols<T, E>::V;
-  using Cols<T, E>::col;
-  float v[N][V];
-
-  __device__ __forceinline__ void load(const T* row, int c0, int n) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int c = col(c0, i);
-      uint4 raw = c < n ? __ldcs(reinterpret_cast<const uint4*>(row + c)) : make_uint4(0, 0, 0, 0);
-      const T* t = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[i][j] = to_f(t[j]);
-    }
-  }
 };
 
 template <typename T, int V>
@@ -300,52 +285,91 @@ __global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x
   cl.barrier_wait(std::move(done));  // no CTA's shared memory goes while another may read it
 }
 
+// The backward walks its cluster's rows with the next row's loads in flight: while row i is reduced,
+// exchanged and written, the registers already hold x and dy of row i + G arriving (both packed, 16
+// bytes a vector). The columns' running sums of dy * xhat and dy live in shared memory, each thread
+// its own slots ([E / 4][THREADS] float4: a warp's accesses are contiguous, no bank conflicts, no
+// barrier), which leaves the registers to the two rows, the weights and the arithmetic.
+// xhat and dy * w are recomputed from the packed values for dx instead of being kept as fp32.
 template <typename T, int E, bool RMS, bool BIAS>
-__global__ void __launch_bounds__(THREADS) norm_bwd(const T* __restrict__ dy, int64_t sdy,
-                                                    const T* __restrict__ x, int64_t sx,
-                                                    const T* __restrict__ w, const float* __restrict__ mean,
-                                                    const float* __restrict__ rstd, T* __restrict__ dx,
-                                                    int64_t sdx, float* __restrict__ dw_part,
-                                                    float* __restrict__ db_part, int n_rows, int n) {
-  using F = Floats<T, E>;
-  constexpr int V = F::V;
+__global__ void __launch_bounds__(THREADS, sizeof(T) == 2 ? 3 : 2)
+    norm_bwd(const T* __restrict__ dy, int64_t sdy, const T* __restrict__ x, int64_t sx,
+             const T* __restrict__ w, const float* __restrict__ mean, const float* __restrict__ rstd,
+             T* __restrict__ dx, int64_t sdx, float* __restrict__ dw_part, float* __restrict__ db_part,
+             int n_rows, int n) {
+  using F = Packed<T, E>;
+  constexpr int V = F::V, G4 = V / 4;  // float4 groups of column sums per vector
   constexpr int K = RMS ? 1 : 2;
   __shared__ Scratch<K> s;
+  __shared__ float4 dw_sum[E / 4][THREADS];
+  __shared__ float4 db_sum[BIAS ? E / 4 : 1][THREADS];
   cg::cluster_group cl = cg::this_cluster();
   const int ranks = static_cast<int>(cl.num_blocks());
   const int cluster = blockIdx.x / ranks, clusters = gridDim.x / ranks;
   const int c0 = static_cast<int>(cl.block_rank()) * (E * THREADS);
-  float dw[F::N][V] = {}, db[F::N][V] = {};
-  F xh, g;
-  int slot = 0;
-  for (int row = cluster; row < n_rows; row += clusters, slot ^= 1) {
-    xh.load(x + row * sx, c0, n);
-    g.load(dy + row * sdy, c0, n);
-    const float rs = rstd[row], mu = RMS ? 0.f : mean[row];
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int q = 0; q < E / 4; ++q) {
+    dw_sum[q][t] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if constexpr (BIAS) db_sum[q][t] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  F wv, xa, ga, xb, gb;
+  wv.template load<false>(w, c0, n);
+  int row = cluster, slot = 0;
+  float rs = 0.f, mu = 0.f, rs_b = 0.f, mu_b = 0.f;  // the row's statistics, and the next row's
+  if (row < n_rows) {
+    xa.load(x + row * sx, c0, n);
+    ga.load(dy + row * sdy, c0, n);
+    rs = rstd[row];
+    if constexpr (!RMS) mu = mean[row];
+  }
+  for (; row < n_rows; row += clusters, slot ^= 1) {
+    const int next = row + clusters;
+    if (next < n_rows) {  // in flight while this row is reduced, exchanged and written
+      xb.load(x + next * sx, c0, n);
+      gb.load(dy + next * sdy, c0, n);
+      rs_b = rstd[next];
+      if constexpr (!RMS) mu_b = mean[next];
+    }
+    // Padding columns load dy = 0, so they add nothing to the sums.
     float acc[K] = {};
+#pragma unroll
+    for (int i = 0; i < F::N; ++i)
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float h = (xa.at(i, j) - mu) * rs, g = ga.at(i, j) * wv.at(i, j);
+        acc[0] += g * h;
+        if constexpr (!RMS) acc[K - 1] += g;
+      }
+    cluster_sum(acc, s, slot, cl);
+    const float c1 = acc[0] / n, c2 = RMS ? 0.f : acc[K - 1] / n;
 #pragma unroll
     for (int i = 0; i < F::N; ++i) {
       const int c = F::col(c0, i);
-      float wv[V] = {};
-      if (c < n) load_vec<T, V>(w + c, wv);
+      if (c >= n) continue;
+      float h[V], d[V], o[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float h = c < n ? (xh.v[i][j] - mu) * rs : 0.f;
-        const float d = g.v[i][j];
-        dw[i][j] += d * h;
-        if constexpr (BIAS) db[i][j] += d;
-        xh.v[i][j] = h;
-        g.v[i][j] = d * wv[j];
-        acc[0] += g.v[i][j] * h;
-        if constexpr (!RMS) acc[K - 1] += g.v[i][j];
+        h[j] = (xa.at(i, j) - mu) * rs;
+        d[j] = ga.at(i, j);
+        o[j] = rs * (d[j] * wv.at(i, j) - h[j] * c1 - c2);
+      }
+      store_vec<T, V>(dx + row * sdx + c, o);
+#pragma unroll
+      for (int k = 0; k < G4; ++k) {
+        float4& a = dw_sum[i * G4 + k][t];
+        a.x += d[4 * k] * h[4 * k], a.y += d[4 * k + 1] * h[4 * k + 1];
+        a.z += d[4 * k + 2] * h[4 * k + 2], a.w += d[4 * k + 3] * h[4 * k + 3];
+        if constexpr (BIAS) {
+          float4& b = db_sum[i * G4 + k][t];
+          b.x += d[4 * k], b.y += d[4 * k + 1], b.z += d[4 * k + 2], b.w += d[4 * k + 3];
+        }
       }
     }
-    cluster_sum(acc, s, slot, cl);
-    const float c1 = acc[0] / n, c2 = RMS ? 0.f : acc[K - 1] / n;
-    store_chunk<F>(dx + row * sdx, c0, n, [&](int i, int, float (&o)[V]) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) o[j] = rs * (g.v[i][j] - xh.v[i][j] * c1 - c2);
-    });
+    xa = xb;
+    ga = gb;
+    rs = rs_b;
+    mu = mu_b;
   }
   auto done = cl.barrier_arrive();
   // This cluster's partial column sums: row `cluster` of the [clusters, n] fp32 blocks.
@@ -353,15 +377,13 @@ __global__ void __launch_bounds__(THREADS) norm_bwd(const T* __restrict__ dy, in
   for (int i = 0; i < F::N; ++i) {
     const int c = F::col(c0, i);
     if (c >= n) continue;
-    float* pw = dw_part + static_cast<int64_t>(cluster) * n + c;
+    float4* pw = reinterpret_cast<float4*>(dw_part + static_cast<int64_t>(cluster) * n + c);
 #pragma unroll
-    for (int j = 0; j < V; j += 4)
-      *reinterpret_cast<float4*>(pw + j) = make_float4(dw[i][j], dw[i][j + 1], dw[i][j + 2], dw[i][j + 3]);
+    for (int k = 0; k < G4; ++k) pw[k] = dw_sum[i * G4 + k][t];
     if constexpr (BIAS) {
-      float* pb = db_part + static_cast<int64_t>(cluster) * n + c;
+      float4* pb = reinterpret_cast<float4*>(db_part + static_cast<int64_t>(cluster) * n + c);
 #pragma unroll
-      for (int j = 0; j < V; j += 4)
-        *reinterpret_cast<float4*>(pb + j) = make_float4(db[i][j], db[i][j + 1], db[i][j + 2], db[i][j + 3]);
+      for (int k = 0; k < G4; ++k) pb[k] = db_sum[i * G4 + k][t];
     }
   }
   cl.barrier_wait(std::move(done));
@@ -510,9 +532,6 @@ inline int cluster_for(int n, int e) { return (n + e * THREADS - 1) / (e * THREA
     case F16: { using T = __half; __VA_ARGS__; } break;      \
     default: { using T = __nv_bfloat16; __VA_ARGS__; } break; \
   }
-#define CR_E(EV, ...)                                        \
-  if ((EV) == 16) { constexpr int E = 16; __VA_ARGS__; }    \
-  else if ((EV) == 32) { constexpr int E = 32; __VA_ARGS__; }
 
 // The tiles (E, OCC) built for the packed kernels: (16, 0) and (32, 0) everywhere, and for 16-bit
 // types the tiles that hold more bytes in flight without spilling (ptxas -v, sm_90): 64 values a
@@ -584,6 +603,10 @@ const char* norm_fwd_launch(int dt, int e, int occ, bool rms, bool bias, bool st
   return err;
 }
 
+// The norms' backward is built for 16 values a thread only: its column sums take E x 256 x 8 bytes
+// of shared memory (32 KB; at 32 values, 64 KB would pass the 48 KB of static shared memory).
+constexpr int BWD_E = 16;
+
 // `clusters` persistent clusters, each writing one row of dw_part / db_part (the caller sizes them
 // for that many: norm_bwd_clusters says how many fit, and more than one per row is wasted).
 const char* norm_bwd_launch(int dt, int e, bool rms, bool bias, const void* dy, int64_t sdy,
@@ -593,7 +616,9 @@ const char* norm_bwd_launch(int dt, int e, bool rms, bool bias, const void* dy, 
   if (clusters <= 0) return "norm_bwd_launch: clusters must be positive";
   const int cl = cluster_for(n, e);
   const char* err = nullptr;
-  CR_DTYPES(dt, CR_E(e, {
+  if (e != BWD_E) return "norm_bwd_launch: the backward is built for e = 16 only";
+  CR_DTYPES(dt, {
+    constexpr int E = BWD_E;
     auto go = [&](auto kernel) {
       err = launch(kernel, clusters * cl, cl, st, (const T*)dy, sdy, (const T*)x, sx, (const T*)w, mean,
                    rstd, (T*)dx, sdx, dw_part, db_part, rows, n);
@@ -601,7 +626,7 @@ const char* norm_bwd_launch(int dt, int e, bool rms, bool bias, const void* dy, 
     if (rms) go(norm_bwd<T, E, true, false>);
     else if (bias) go(norm_bwd<T, E, false, true>);
     else go(norm_bwd<T, E, false, false>);
-  }))
+  })
   return err;
 }
 
@@ -609,11 +634,13 @@ const char* norm_bwd_launch(int dt, int e, bool rms, bool bias, const void* dy, 
 int norm_bwd_clusters(int dt, int e, bool rms, bool bias, int n) {
   const int cl = cluster_for(n, e);
   int g = 0;
-  CR_DTYPES(dt, CR_E(e, {
+  if (e != BWD_E) return 0;
+  CR_DTYPES(dt, {
+    constexpr int E = BWD_E;
     if (rms) g = max_clusters(norm_bwd<T, E, true, false>, cl);
     else if (bias) g = max_clusters(norm_bwd<T, E, false, true>, cl);
     else g = max_clusters(norm_bwd<T, E, false, false>, cl);
-  }))
+  })
   return g;
 }
 
