@@ -7,9 +7,10 @@
 // into S chunks of at most CHUNK = 256 threads x E values; the S CTAs of one cluster (Hopper and
 // later guarantee they run at the same time, on neighbouring SMs) each hold one chunk in registers.
 // Each CTA reduces its chunk (warp shuffles, then shared memory), writes its partial to its own
-// shared memory, and after a cluster barrier every thread reads the S partials straight out of the
-// other CTAs' shared memory (cg::cluster_group::map_shared_rank). Every CTA adds them in the same
-// order, so all of them hold the identical row statistic. The row is read once and written once.
+// shared memory, and after a cluster barrier S threads of each CTA copy the S partials out of the
+// other CTAs' shared memory (cg::cluster_group::map_shared_rank) into its own, where every thread
+// reads them. Every CTA adds them in the same order, so all of them hold the identical row
+// statistic. The row is read once and written once.
 //
 // Tiles. E values a thread (a CTA holds 256 E of a row), and for the kernels that keep their values
 // packed (the forwards and softmax's backward) an occupancy target OCC: the CTAs an SM must hold,
@@ -131,11 +132,14 @@ struct Max {
   __device__ __forceinline__ static float op(float a, float b) { return fmaxf(a, b); }
 };
 
-// Shared memory of the reductions: per-warp values, then this CTA's K values, read by the cluster.
+// Shared memory of the reductions: per-warp values; this CTA's K values, read by the cluster; and
+// every CTA's K values, gathered from the cluster. Two slots of each of the last two: the persistent
+// backward alternates them row by row.
 template <int K>
 struct Scratch {
   float warp[WARPS][K];
-  float part[2][K];  // two slots: the persistent backward alternates them row by row
+  float part[2][K];
+  float all[2][MAX_CLUSTER][K];
 };
 
 // Reduce K values per thread over this CTA with Op; every thread gets the K results (fixed order:
@@ -163,18 +167,21 @@ __device__ __forceinline__ void block_reduce(float (&v)[K], Scratch<K>& s) {
   __syncthreads();
 }
 
-// Publish this CTA's K values (every thread holds them) to the cluster: after this, part[slot] of
-// every CTA of the cluster can be read with remote().
+// Exchange K values per CTA (every thread of a CTA holds its CTA's) across the cluster: after it,
+// s.all[slot][r][k] holds value k of CTA r, for every rank r, in this CTA's own shared memory.
+// Each remote value is read once per CTA, by one thread (ranks x K of them at once), not by every
+// thread: read by all 256, the reads cost 256 times the traffic over the SM-to-SM network, and a
+// loop over the ranks waits out one remote latency per rank.
 template <int K>
-__device__ __forceinline__ void publish(const float (&v)[K], Scratch<K>& s, int slot, cg::cluster_group& cl) {
+__device__ __forceinline__ void exchange(const float (&v)[K], Scratch<K>& s, int slot, cg::cluster_group& cl) {
   if (threadIdx.x < K) s.part[slot][threadIdx.x] = v[threadIdx.x];
-  cl.sync();
-}
-
-// Value k of CTA `rank`'s published part[slot] (distributed shared memory).
-template <int K>
-__device__ __forceinline__ float remote(Scratch<K>& s, int slot, int k, int rank, cg::cluster_group& cl) {
-  return *cl.map_shared_rank(&s.part[slot][k], rank);
+  cl.sync();  // every CTA's part is written
+  const int ranks = static_cast<int>(cl.num_blocks());
+  if (threadIdx.x < ranks * K) {
+    const int r = threadIdx.x / K, k = threadIdx.x % K;
+    s.all[slot][r][k] = *cl.map_shared_rank(&s.part[slot][k], r);
+  }
+  __syncthreads();
 }
 
 // The sum of K values per thread over the whole cluster; every thread of every CTA gets the same
@@ -182,12 +189,13 @@ __device__ __forceinline__ float remote(Scratch<K>& s, int slot, int k, int rank
 template <int K>
 __device__ __forceinline__ void cluster_sum(float (&v)[K], Scratch<K>& s, int slot, cg::cluster_group& cl) {
   block_reduce<Sum>(v, s);
-  publish(v, s, slot, cl);
+  exchange(v, s, slot, cl);
   const int ranks = static_cast<int>(cl.num_blocks());
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    float a = remote(s, slot, k, 0, cl);
-    for (int r = 1; r < ranks; ++r) a += remote(s, slot, k, r, cl);
+    float a = s.all[slot][0][k];
+#pragma unroll 1
+    for (int r = 1; r < ranks; ++r) a += s.all[slot][r][k];
     v[k] = a;
   }
 }
@@ -251,16 +259,16 @@ __global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x
     float b2[2] = {m2, 0.f};
     block_reduce<Sum>(b2, s);
     a[1] = b2[0];
-    publish(a, s, 0, cl);
+    exchange(a, s, 0, cl);
     float total = 0.f;
-    for (int r = 0; r < ranks; ++r) total += remote(s, 0, 0, r, cl);
+    for (int r = 0; r < ranks; ++r) total += s.all[0][r][0];
     mean = total / n;
     float M2 = 0.f;
     for (int r = 0; r < ranks; ++r) {
       const int nr = chunk_count(r, CHUNK, n);
       if (nr == 0) continue;
-      const float d = remote(s, 0, 0, r, cl) / nr - mean;
-      M2 += remote(s, 0, 1, r, cl) + nr * d * d;
+      const float d = s.all[0][r][0] / nr - mean;
+      M2 += s.all[0][r][1] + nr * d * d;
     }
     var = M2 / n;
   }
@@ -427,14 +435,14 @@ __global__ void __launch_bounds__(THREADS, OCC) softmax_fwd(const T* __restrict_
   }
   block_reduce<Sum>(l, s);
   float part[2] = {m[0], l[0]};
-  publish(part, s, 0, cl);
+  exchange(part, s, 0, cl);
   float mx = -INFINITY;
-  for (int r = 0; r < ranks; ++r) mx = fmaxf(mx, remote(s, 0, 0, r, cl));
+  for (int r = 0; r < ranks; ++r) mx = fmaxf(mx, s.all[0][r][0]);
   float sum = 0.f;
   for (int r = 0; r < ranks; ++r) {
-    const float m_r = remote(s, 0, 0, r, cl);
+    const float m_r = s.all[0][r][0];
     if (m_r == -INFINITY) continue;
-    sum += remote(s, 0, 1, r, cl) * exp2f((m_r - mx) * LOG2E);
+    sum += s.all[0][r][1] * exp2f((m_r - mx) * LOG2E);
   }
   auto done = cl.barrier_arrive();
   // A row of -inf only has no max to subtract: its output is NaN, as torch.softmax's is.
@@ -534,21 +542,16 @@ inline int cluster_for(int n, int e) { return (n + e * THREADS - 1) / (e * THREA
   }
 
 // The tiles (E, OCC) built for the packed kernels: (16, 0) and (32, 0) everywhere, and for 16-bit
-// types the tiles that hold more bytes in flight without spilling (ptxas -v, sm_90): 64 values a
-// thread in 64 registers (4 CTAs an SM, 32 KB each) for softmax's and RMSNorm's forward, 32 values
-// in 48 registers (5 CTAs) for LayerNorm's forward, 32 values in 80 registers (3 CTAs, two chunks
-// each) for softmax's backward (scripts/cluster_rows_ptxas.py prints the table).
+// types a tile that holds more bytes in flight without spilling (ptxas -v, sm_90): 64 values a
+// thread in 64 registers (4 CTAs an SM, 32 KB each) for softmax's and RMSNorm's forward
+// (scripts/cluster_rows_ptxas.py prints the table). Softmax's backward at 32 values takes 80
+// registers (3 CTAs, two chunks each) at the compiler's own choice, so it needs no cap.
 enum Kind { SOFTMAX_FWD, SOFTMAX_BWD, RMS_FWD, LAYER_FWD };
 template <int KIND, typename T, int E, int OCC>
 constexpr bool built() {
   if (OCC == 0) return E == 16 || E == 32;
   if (sizeof(T) != 2) return false;
-  switch (KIND) {
-    case SOFTMAX_FWD: return E == 64 && OCC == 4;
-    case SOFTMAX_BWD: return E == 32 && OCC == 3;
-    case RMS_FWD: return E == 64 && OCC == 4;
-    default: return E == 32 && OCC == 5;
-  }
+  return (KIND == SOFTMAX_FWD || KIND == RMS_FWD) && E == 64 && OCC == 4;
 }
 constexpr const char* TILE_MISSING = "no kernel is built for this (e, occ) tile and dtype";
 // body(E, OCC) as std::integral_constants if the tile is built: a generic lambda's body is then
@@ -572,8 +575,6 @@ void with_tile(Body&& body, const char*& err) {
 #define CR_TILE(KIND, EV, OV, ...)                \
   CR_TILE_CASE(16, 0, KIND, EV, OV, __VA_ARGS__)  \
   CR_TILE_CASE(32, 0, KIND, EV, OV, __VA_ARGS__)  \
-  CR_TILE_CASE(32, 3, KIND, EV, OV, __VA_ARGS__)  \
-  CR_TILE_CASE(32, 5, KIND, EV, OV, __VA_ARGS__)  \
   CR_TILE_CASE(64, 4, KIND, EV, OV, __VA_ARGS__)  \
   err = TILE_MISSING;
 

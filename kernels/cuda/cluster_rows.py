@@ -34,12 +34,13 @@ SOURCES = ["cluster_rows.cu"]
 THREADS = 256  # per CTA (cluster_rows.cu's THREADS)
 MAX_CLUSTER = 16  # CTAs per cluster: 8 is portable, an H100 allows 16
 # Values per thread: 32 (8,192 per CTA) for the forward kernels. The backward kernels hold two
-# chunks (x and dy, or y and dy), and the norms' backward two fp32 accumulators per value besides:
-# with 32 they need 107-189 registers, so they use 16 (4,096 values per CTA, 48-114 registers).
+# chunks (x and dy, or y and dy) and use 16 (4,096 values per CTA); the norms' backward holds four
+# (this row's and the next's, in flight) and keeps its column sums in shared memory (32 KB a CTA at
+# 16; cluster_rows.cu builds it for 16 only).
 E_FWD = 32
 E_BWD = 16
-# The norms' backward holds each row in registers, with nothing in flight while a row is reduced
-# and exchanged. A ring of 1-3 rows in shared memory, filled with cp.async, was tried against it
+# The norms' backward once held each row in registers, with nothing in flight while a row was
+# reduced and exchanged. A ring of 1-3 rows in shared memory, filled with cp.async, was tried against it
 # on an H100 at 4,096 x 65,536 (results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-cluster-rows-
 # stages.txt, against the -tiles.txt run of the code here): RMSNorm's fraction of copy rose by
 # 0.03-0.04 in 16-bit types at 2 stages but fell in fp32 at every depth, from 0.77 to 0.60-0.64,
@@ -55,8 +56,7 @@ E_BWD = 16
 CANDIDATE_TILES = {
     "softmax_fwd": [(64, 4)],  # 64 registers: 4 CTAs x 32 KB (default: 5 x 16 KB)
     "rms_norm_fwd": [(64, 4)],  # 4 x 32 KB (default: bf16 6 x 16 KB, fp16 8 x 16 KB)
-    "layer_norm_fwd": [(32, 5)],  # 48 registers: 5 x 16 KB (default: bf16 58-60 regs, 4 x 16 KB)
-    "softmax_bwd": [(32, 3)],  # 80 registers: 3 x 2 x 16 KB (default E 16: 5 x 2 x 8 KB)
+    "softmax_bwd": [(32, 0)],  # 80 registers: 3 x 2 x 16 KB (default E 16: 5 x 2 x 8 KB)
 }
 # Measured on an H100 at 4,096 x 65,536, one run, fractions of the copy bandwidth (default tile ->
 # candidate; results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-cluster-rows-tiles.txt): softmax's
@@ -66,7 +66,7 @@ CANDIDATE_TILES = {
 # not past the Triton kernels they would have to replace.
 TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
     "softmax_fwd": {torch.float16: (64, 4)},
-    "softmax_bwd": {torch.bfloat16: (32, 3), torch.float16: (32, 3)},
+    "softmax_bwd": {torch.bfloat16: (32, 0), torch.float16: (32, 0)},
     "rms_norm_fwd": {torch.bfloat16: (64, 4), torch.float16: (64, 4)},
 }
 # The ops and dtypes for which the cluster kernels beat the Triton ones, measured on an H100 at
