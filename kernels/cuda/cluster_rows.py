@@ -40,12 +40,11 @@ MAX_CLUSTER = 16  # CTAs per cluster: 8 is portable, an H100 allows 16
 E_FWD = 32
 E_BWD = 16
 # The norms' backward once held each row in registers, with nothing in flight while a row was
-# reduced and exchanged. A ring of 1-3 rows in shared memory, filled with cp.async, was tried against it
-# on an H100 at 4,096 x 65,536 (results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-cluster-rows-
-# stages.txt, against the -tiles.txt run of the code here): RMSNorm's fraction of copy rose by
-# 0.03-0.04 in 16-bit types at 2 stages but fell in fp32 at every depth, from 0.77 to 0.60-0.64,
-# LayerNorm's from 0.62 to 0.51-0.56. Not adopted (branch ring-backward); what costs fp32 there is
-# not yet profiled.
+# reduced and exchanged. A ring of 1-3 rows in shared memory, filled with cp.async, measured worse
+# in fp32 (results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-cluster-rows-stages.txt; branch
+# ring-backward). What it does now, the next row in registers and the column sums in shared
+# memory, with the exchange below: fp32 RMSNorm 0.77 -> 0.89 of the copy, LayerNorm 0.62 -> 0.82
+# (H100, 4,096 x 65,536; results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-exchange.txt).
 # The packed kernels (both forwards, softmax's backward) also take an occupancy target OCC, the
 # CTAs an SM must hold (a cap on registers a thread; 0: the compiler's choice). A tile is (E, OCC).
 # An SM holds (CTAs an SM) x (a chunk's bytes) of rows in registers, and with the compiler's choice
@@ -59,11 +58,10 @@ CANDIDATE_TILES = {
     "softmax_bwd": [(32, 0)],  # 80 registers: 3 x 2 x 16 KB (default E 16: 5 x 2 x 8 KB)
 }
 # Measured on an H100 at 4,096 x 65,536, one run, fractions of the copy bandwidth (default tile ->
-# candidate; results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-cluster-rows-tiles.txt): softmax's
-# backward 0.73 -> 0.87 in bf16 and fp16; RMSNorm's forward 0.82 -> 0.89 (bf16), 0.86 -> 0.89 (fp16).
-# fp16 softmax's forward 0.76 -> 0.79, where it replaces a Triton kernel at 0.66 (WINS). bf16
-# softmax's forward (0.76 -> 0.78) and LayerNorm's (0.59 -> 0.65, fp16 0.66 -> 0.67) gained too, but
-# not past the Triton kernels they would have to replace.
+# candidate; results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-cluster-rows-tiles.txt, before the
+# exchange below): softmax's backward 0.73 -> 0.87 in bf16 and fp16 (then as (32, 3), a cap the
+# compiler now meets unasked); RMSNorm's forward 0.82 -> 0.89 (bf16), 0.86 -> 0.89 (fp16); fp16
+# softmax's forward 0.76 -> 0.79, where it replaces a Triton kernel at 0.66 (WINS).
 TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
     "softmax_fwd": {torch.float16: (64, 4)},
     "softmax_bwd": {torch.bfloat16: (32, 0), torch.float16: (32, 0)},
@@ -71,12 +69,13 @@ TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
 }
 # The ops and dtypes for which the cluster kernels beat the Triton ones, measured on an H100 at
 # 4,096 x 65,536 (scripts/gpu/cluster_rows_probe.py; fractions of the copy bandwidth, cluster /
-# Triton, one run). fp32: softmax 0.87 / 0.73 forward, 0.88 / 0.62 backward; RMSNorm 0.91 / 0.67
-# and 0.77 / 0.59; LayerNorm 0.81 / 0.67 and 0.62 / 0.59. bf16: RMSNorm 0.82 / 0.71 and 0.63 /
-# 0.59, softmax backward 0.73 / 0.65; but softmax forward 0.75 / 0.85 and LayerNorm 0.59 / 0.66 and
-# 0.39 / 0.59 lose, so those keep Triton. fp16 as bf16 (12-05 run) except softmax's forward, where
-# the Triton kernel measured 0.66 (0.65 again in a second run; ptxas: 216 bytes of spill stores a
-# thread against bf16's 80) and the cluster kernel 0.76, 0.79 with its candidate tile.
+# Triton, one run: results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-exchange.txt). fp32:
+# softmax 0.95 / 0.73 forward, 0.92 / 0.62 backward; RMSNorm 0.92 / 0.67 and 0.89 / 0.59;
+# LayerNorm 0.86 / 0.67 and 0.82 / 0.59. bf16: RMSNorm 0.89 / 0.70 and 0.66 / 0.58; but softmax
+# forward 0.82 / 0.85, LayerNorm 0.66 / 0.65 (a tie) and 0.56 / 0.58 keep Triton. bf16 softmax's
+# backward and every fp16 case were measured before the exchange (2026-12-05 runs): fp16 as bf16,
+# except softmax's forward, where the Triton kernel measured 0.66 (ptxas: 216 bytes of spill
+# stores a thread against bf16's 80) and the cluster kernel 0.79 with its candidate tile.
 _HALF = {torch.float16, torch.bfloat16}
 WINS = {
     "softmax_fwd": {torch.float32, torch.float16},
