@@ -2,8 +2,8 @@
 compiler alone (no GPU): nvcc compiles kernels/cuda/cluster_rows.cu for sm_90 with ``-Xptxas -v``,
 and for each kernel this prints the registers a thread, the spills, the CTAs an SM can hold by
 registers (kernels.launch.blocks_per_sm: 256 threads a CTA, registers allocated 8 a thread at a
-time, 65,536 an SM, at most 8 CTAs of 256 threads), a CTA's chunk in KB, and the bytes an SM holds in registers at once (CTAs x
-chunks): the bytes it can have in flight while its CTAs load.
+time, 65,536 an SM, at most 8 CTAs of 256 threads), a CTA's chunks in KB, and the bytes of rows an SM holds in registers at once
+(CTAs x chunks): for the norms' backward half of that is the next row, in flight while a row is worked on.
 
     python scripts/cluster_rows_ptxas.py [--all]    # the tiles in use and the candidates; --all: every one
 
@@ -84,8 +84,8 @@ def _describe(rec: dict) -> dict:
 
 
 def ctas_per_sm(registers: int) -> int:
-    """CTAs an SM holds by threads and registers (the kernels' shared memory is a few hundred
-    bytes: it does not bind)."""
+    """CTAs an SM holds by threads and registers (shared memory does not bind: a few hundred
+    bytes a CTA, 20-33 KB for the norms' backward, which holds 2-3 CTAs an SM by registers)."""
     return blocks_per_sm(THREADS, registers)
 
 

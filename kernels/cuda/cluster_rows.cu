@@ -12,11 +12,11 @@
 // reads them. Every CTA adds them in the same order, so all of them hold the identical row
 // statistic. The row is read once and written once.
 //
-// Tiles. E values a thread (a CTA holds 256 E of a row), and for the kernels that keep their values
-// packed (the forwards and softmax's backward) an occupancy target OCC: the CTAs an SM must hold,
-// which caps the registers a thread (__launch_bounds__'s second argument; 0: the compiler's own
-// choice). An SM holds (CTAs an SM) x (a chunk's bytes) of rows, and 16-bit chunks are half as
-// large, so the 16-bit types also build a few larger or tighter tiles (built(), below), which
+// Tiles. E values a thread (a CTA holds 256 E of a row), and for the forwards and softmax's
+// backward an occupancy target OCC: the CTAs an SM must hold, which caps the registers a thread
+// (__launch_bounds__'s second argument; 0: the compiler's own choice). An SM holds (CTAs an SM) x
+// (a chunk's bytes) of rows, and 16-bit chunks are half as large, so the 16-bit forwards of
+// softmax and RMSNorm also build a larger tile (built(), below), which
 // scripts/gpu/cluster_rows_probe.py --tiles times.
 //
 // Kernels (T = float, __half or __nv_bfloat16; rows are 16-byte aligned vectors of T):
@@ -70,8 +70,8 @@ struct Cols {
 
 // The chunk as loaded, 16 bytes a vector: a 16-bit type keeps two values per register, half the
 // registers of fp32 copies of its values. (The compiler may still keep converted copies across the
-// passes over the chunk: bf16 LayerNorm's forward takes 60 registers at E = 32, fp16's 46; OCC caps
-// that.) at(i, j) converts one value to fp32. Columns at or past n load as zero bits (the caller
+// passes over the chunk: bf16 LayerNorm's forward with a bias takes 63 registers at E = 32, fp16's
+// 40.) at(i, j) converts one value to fp32. Columns at or past n load as zero bits (the caller
 // masks them where zero is not neutral).
 template <typename T, int E>
 struct Packed : Cols<T, E> {
@@ -533,7 +533,7 @@ int max_clusters(void (*kernel)(P...), int cluster) {
 // CTAs per row for rows of n values, E values per thread (the caller checks it is <= MAX_CLUSTER).
 inline int cluster_for(int n, int e) { return (n + e * THREADS - 1) / (e * THREADS); }
 
-// The kernels' dispatch: dtype x E (x the norms' switches) -> one template instance.
+// The kernels' dispatch: dtype (then the tile and the norms' switches) -> one template instance.
 #define CR_DTYPES(DT, ...)                                   \
   switch (DT) {                                              \
     case F32: { using T = float; __VA_ARGS__; } break;       \

@@ -35,8 +35,8 @@ THREADS = 256  # per CTA (cluster_rows.cu's THREADS)
 MAX_CLUSTER = 16  # CTAs per cluster: 8 is portable, an H100 allows 16
 # Values per thread: 32 (8,192 per CTA) for the forward kernels. The backward kernels hold two
 # chunks (x and dy, or y and dy) and use 16 (4,096 values per CTA); the norms' backward holds four
-# (this row's and the next's, in flight) and keeps its column sums in shared memory (32 KB a CTA at
-# 16; cluster_rows.cu builds it for 16 only).
+# (this row's and the next's, in flight) and keeps its column sums in shared memory (16 KB a CTA at
+# 16, 32 KB with a bias; cluster_rows.cu builds it for 16 only).
 E_FWD = 32
 E_BWD = 16
 # The norms' backward once held each row in registers, with nothing in flight while a row was
