@@ -405,12 +405,12 @@ def paged_decode(
     """
     # A layout seen before, on a GPU, at the default split count and tile: launched from C++.
     replayable = _replayable(sm_scale, num_splits, config)
+    inputs = (q, k_cache, v_cache, block_table, seq_lens)
     if replayable:
-        inputs = (q, k_cache, v_cache, block_table, seq_lens)
         out = replay.inference_call(replay.PAGED_DECODE, inputs, replay.scale_setting(sm_scale))
         if out is not None:
             return out
-    layout = layout_key((q, k_cache, v_cache, block_table, seq_lens), num_splits, config)
+    layout = layout_key(inputs, num_splits, config)
     plan = _PLANS.get(layout)
     if plan is None:  # a layout not seen yet: check the inputs' structure, work out the launch
         _check(q, k_cache, v_cache, block_table, seq_lens, sm_scale, num_splits)
