@@ -85,7 +85,7 @@ def _describe(rec: dict) -> dict:
 
 def ctas_per_sm(registers: int) -> int:
     """CTAs an SM holds by threads and registers (shared memory does not bind: a few hundred
-    bytes a CTA, 20-33 KB for the norms' backward, which holds 2-3 CTAs an SM by registers)."""
+    bytes a CTA; the norms' backward's column sums, 16-64 KB, fit beside the 2-3 CTAs its registers allow)."""
     return blocks_per_sm(THREADS, registers)
 
 

@@ -295,12 +295,19 @@ __global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x
 
 // The backward walks its cluster's rows with the next row's loads in flight: while row i is reduced,
 // exchanged and written, the registers already hold x and dy of row i + G arriving (both packed, 16
-// bytes a vector). The columns' running sums of dy * xhat and dy live in shared memory, each thread
-// its own slots ([E / 4][THREADS] float4: a warp's accesses are contiguous, no bank conflicts, no
-// barrier), which leaves the registers to the two rows, the weights and the arithmetic.
+// bytes a vector). The columns' running sums of dy * xhat and dy live in (dynamic) shared memory,
+// each thread its own slots ([E / 4][THREADS] float4: a warp's accesses are contiguous, no bank
+// conflicts, no barrier), which leaves the registers to the two rows, the weights and the arithmetic.
 // xhat and dy * w are recomputed from the packed values for dx instead of being kept as fp32.
+// Built at E = 16 (3 CTAs an SM for 16-bit types, 2 for fp32) and, for 16-bit types, at E = 32
+// (2 CTAs an SM with 32 KB of the next row in flight each, and half the CTAs a row: 8 at 65,536).
+template <typename T, int E>
+constexpr int bwd_ctas() { return sizeof(T) == 2 && E == 16 ? 3 : 2; }
+template <int E, bool BIAS>
+constexpr int bwd_sums_bytes() { return (BIAS ? 2 : 1) * (E / 4) * THREADS * static_cast<int>(sizeof(float4)); }
+
 template <typename T, int E, bool RMS, bool BIAS>
-__global__ void __launch_bounds__(THREADS, sizeof(T) == 2 ? 3 : 2)
+__global__ void __launch_bounds__(THREADS, bwd_ctas<T, E>())
     norm_bwd(const T* __restrict__ dy, int64_t sdy, const T* __restrict__ x, int64_t sx,
              const T* __restrict__ w, const float* __restrict__ mean, const float* __restrict__ rstd,
              T* __restrict__ dx, int64_t sdx, float* __restrict__ dw_part, float* __restrict__ db_part,
@@ -309,8 +316,9 @@ __global__ void __launch_bounds__(THREADS, sizeof(T) == 2 ? 3 : 2)
   constexpr int V = F::V, G4 = V / 4;  // float4 groups of column sums per vector
   constexpr int K = RMS ? 1 : 2;
   __shared__ Scratch<K> s;
-  __shared__ float4 dw_sum[E / 4][THREADS];
-  __shared__ float4 db_sum[BIAS ? E / 4 : 1][THREADS];
+  extern __shared__ float4 sums[];  // [BIAS ? 2 : 1][E / 4][THREADS]: bwd_sums_bytes<E, BIAS>()
+  float4* dw_sum = sums;
+  float4* db_sum = sums + (E / 4) * THREADS;
   cg::cluster_group cl = cg::this_cluster();
   const int ranks = static_cast<int>(cl.num_blocks());
   const int cluster = blockIdx.x / ranks, clusters = gridDim.x / ranks;
@@ -318,11 +326,19 @@ __global__ void __launch_bounds__(THREADS, sizeof(T) == 2 ? 3 : 2)
   const int t = threadIdx.x;
 #pragma unroll
   for (int q = 0; q < E / 4; ++q) {
-    dw_sum[q][t] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if constexpr (BIAS) db_sum[q][t] = make_float4(0.f, 0.f, 0.f, 0.f);
+    dw_sum[q * THREADS + t] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if constexpr (BIAS) db_sum[q * THREADS + t] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  // The weights: held in registers at E = 16; at E = 32, where four chunks of rows fill them, each
+  // pass re-reads its vector of weights through the L1 cache (16 KB a CTA, read by every row).
+  constexpr bool HOLD_W = E == 16;
   F wv, xa, ga, xb, gb;
-  wv.template load<false>(w, c0, n);
+  if constexpr (HOLD_W) wv.template load<false>(w, c0, n);
+  auto weights = [&](int i) -> uint4 {
+    if constexpr (HOLD_W) return wv.raw[i];
+    const int c = F::col(c0, i);
+    return c < n ? __ldg(reinterpret_cast<const uint4*>(w + c)) : make_uint4(0, 0, 0, 0);
+  };
   int row = cluster, slot = 0;
   float rs = 0.f, mu = 0.f, rs_b = 0.f, mu_b = 0.f;  // the row's statistics, and the next row's
   if (row < n_rows) {
@@ -342,13 +358,15 @@ __global__ void __launch_bounds__(THREADS, sizeof(T) == 2 ? 3 : 2)
     // Padding columns load dy = 0, so they add nothing to the sums.
     float acc[K] = {};
 #pragma unroll
-    for (int i = 0; i < F::N; ++i)
+    for (int i = 0; i < F::N; ++i) {
+      const uint4 wr = weights(i);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float h = (xa.at(i, j) - mu) * rs, g = ga.at(i, j) * wv.at(i, j);
+        const float h = (xa.at(i, j) - mu) * rs, g = ga.at(i, j) * to_f(reinterpret_cast<const T*>(&wr)[j]);
         acc[0] += g * h;
         if constexpr (!RMS) acc[K - 1] += g;
       }
+    }
     cluster_sum(acc, s, slot, cl);
     const float c1 = acc[0] / n, c2 = RMS ? 0.f : acc[K - 1] / n;
 #pragma unroll
@@ -356,20 +374,21 @@ __global__ void __launch_bounds__(THREADS, sizeof(T) == 2 ? 3 : 2)
       const int c = F::col(c0, i);
       if (c >= n) continue;
       float h[V], d[V], o[V];
+      const uint4 wr = weights(i);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         h[j] = (xa.at(i, j) - mu) * rs;
         d[j] = ga.at(i, j);
-        o[j] = rs * (d[j] * wv.at(i, j) - h[j] * c1 - c2);
+        o[j] = rs * (d[j] * to_f(reinterpret_cast<const T*>(&wr)[j]) - h[j] * c1 - c2);
       }
       store_vec<T, V>(dx + row * sdx + c, o);
 #pragma unroll
       for (int k = 0; k < G4; ++k) {
-        float4& a = dw_sum[i * G4 + k][t];
+        float4& a = dw_sum[(i * G4 + k) * THREADS + t];
         a.x += d[4 * k] * h[4 * k], a.y += d[4 * k + 1] * h[4 * k + 1];
         a.z += d[4 * k + 2] * h[4 * k + 2], a.w += d[4 * k + 3] * h[4 * k + 3];
         if constexpr (BIAS) {
-          float4& b = db_sum[i * G4 + k][t];
+          float4& b = db_sum[(i * G4 + k) * THREADS + t];
           b.x += d[4 * k], b.y += d[4 * k + 1], b.z += d[4 * k + 2], b.w += d[4 * k + 3];
         }
       }
@@ -387,11 +406,11 @@ __global__ void __launch_bounds__(THREADS, sizeof(T) == 2 ? 3 : 2)
     if (c >= n) continue;
     float4* pw = reinterpret_cast<float4*>(dw_part + static_cast<int64_t>(cluster) * n + c);
 #pragma unroll
-    for (int k = 0; k < G4; ++k) pw[k] = dw_sum[i * G4 + k][t];
+    for (int k = 0; k < G4; ++k) pw[k] = dw_sum[(i * G4 + k) * THREADS + t];
     if constexpr (BIAS) {
       float4* pb = reinterpret_cast<float4*>(db_part + static_cast<int64_t>(cluster) * n + c);
 #pragma unroll
-      for (int k = 0; k < G4; ++k) pb[k] = db_sum[i * G4 + k][t];
+      for (int k = 0; k < G4; ++k) pb[k] = db_sum[(i * G4 + k) * THREADS + t];
     }
   }
   cl.barrier_wait(std::move(done));
@@ -486,15 +505,25 @@ __global__ void __launch_bounds__(THREADS, OCC) softmax_bwd(const T* __restrict_
 
 enum DType { F32 = 0, F16 = 1, BF16 = 2 };
 
-// Launch `kernel` on `grid` CTAs in clusters of `cluster` along x. nullptr or the error's text.
+// Let `kernel` run in clusters of `cluster` CTAs with `smem` bytes of dynamic shared memory (past
+// the portable 8 CTAs and 48 KB, both must be asked for). False if the driver refused.
+template <typename... P>
+bool allow(void (*kernel)(P...), int cluster, int smem) {
+  if (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+    return false;
+  return smem <= 48 * 1024 ||
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess;
+}
+
+// Launch `kernel` on `grid` CTAs in clusters of `cluster` along x, with `smem` bytes of dynamic
+// shared memory. nullptr or the error's text.
 template <typename... P, typename... A>
-const char* launch(void (*kernel)(P...), int grid, int cluster, cudaStream_t stream, A... args) {
-  if (cluster > 8 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-    return cudaGetErrorString(cudaGetLastError());
+const char* launch(void (*kernel)(P...), int grid, int cluster, int smem, cudaStream_t stream, A... args) {
+  if (!allow(kernel, cluster, smem)) return cudaGetErrorString(cudaGetLastError());
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid, 1, 1);
   cfg.blockDim = dim3(THREADS, 1, 1);
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -510,11 +539,15 @@ const char* launch(void (*kernel)(P...), int grid, int cluster, cudaStream_t str
 // Clusters of `cluster` CTAs of `kernel` that fit on the GPU at once (0 if none: the caller must
 // not launch the persistent kernel then).
 template <typename... P>
-int max_clusters(void (*kernel)(P...), int cluster) {
-  if (cluster > 8) cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+int max_clusters(void (*kernel)(P...), int cluster, int smem) {
+  if (!allow(kernel, cluster, smem)) {
+    (void)cudaGetLastError();
+    return 0;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(cluster, 1, 1);
   cfg.blockDim = dim3(THREADS, 1, 1);
+  cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = cluster;
@@ -585,7 +618,7 @@ const char* norm_fwd_launch(int dt, int e, int occ, bool rms, bool bias, bool st
   const char* err = nullptr;
 #define CR_NORM_FWD_GO                                                                          \
   auto go = [&](auto kernel) {                                                                  \
-    err = launch(kernel, rows * cl, cl, st, (const T*)x, sx, (const T*)w, (const T*)b, (T*)y, sy, mean, \
+    err = launch(kernel, rows * cl, cl, 0, st, (const T*)x, sx, (const T*)w, (const T*)b, (T*)y, sy, mean, \
                  rstd, n, eps);                                                                 \
   }
   if (rms) {
@@ -604,9 +637,24 @@ const char* norm_fwd_launch(int dt, int e, int occ, bool rms, bool bias, bool st
   return err;
 }
 
-// The norms' backward is built for 16 values a thread only: its column sums take E x 256 x 8 bytes
-// of shared memory (32 KB; at 32 values, 64 KB would pass the 48 KB of static shared memory).
-constexpr int BWD_E = 16;
+// The norms' backward tiles: E = 16 for every dtype, E = 32 for 16-bit types (at fp32, 32 values a
+// thread in four chunks would not fit the registers of 2 CTAs an SM). body(kernel, smem) gets the
+// instance for (T, e, rms, bias) and its dynamic shared memory; a generic lambda's body is then
+// instantiated only for the tiles that exist.
+template <typename T, int E, class Body>
+void with_bwd_tile(bool rms, bool bias, Body&& body, const char*& err) {
+  if constexpr (E == 16 || (E == 32 && sizeof(T) == 2)) {
+    if (rms) body(norm_bwd<T, E, true, false>, bwd_sums_bytes<E, false>());
+    else if (bias) body(norm_bwd<T, E, false, true>, bwd_sums_bytes<E, true>());
+    else body(norm_bwd<T, E, false, false>, bwd_sums_bytes<E, false>());
+  } else {
+    err = TILE_MISSING;
+  }
+}
+#define CR_NORM_BWD_TILE(body)                                            \
+  if (e == 16) with_bwd_tile<T, 16>(rms, bias, body, err);                \
+  else if (e == 32) with_bwd_tile<T, 32>(rms, bias, body, err);           \
+  else err = TILE_MISSING;
 
 // `clusters` persistent clusters, each writing one row of dw_part / db_part (the caller sizes them
 // for that many: norm_bwd_clusters says how many fit, and more than one per row is wasted).
@@ -617,32 +665,27 @@ const char* norm_bwd_launch(int dt, int e, bool rms, bool bias, const void* dy, 
   if (clusters <= 0) return "norm_bwd_launch: clusters must be positive";
   const int cl = cluster_for(n, e);
   const char* err = nullptr;
-  if (e != BWD_E) return "norm_bwd_launch: the backward is built for e = 16 only";
   CR_DTYPES(dt, {
-    constexpr int E = BWD_E;
-    auto go = [&](auto kernel) {
-      err = launch(kernel, clusters * cl, cl, st, (const T*)dy, sdy, (const T*)x, sx, (const T*)w, mean,
+    auto go = [&](auto kernel, int smem) {
+      err = launch(kernel, clusters * cl, cl, smem, st, (const T*)dy, sdy, (const T*)x, sx, (const T*)w, mean,
                    rstd, (T*)dx, sdx, dw_part, db_part, rows, n);
     };
-    if (rms) go(norm_bwd<T, E, true, false>);
-    else if (bias) go(norm_bwd<T, E, false, true>);
-    else go(norm_bwd<T, E, false, false>);
+    CR_NORM_BWD_TILE(go)
   })
   return err;
 }
 
-// Clusters the backward would launch (so the caller can size dw_part and db_part first).
+// Clusters the backward would launch (so the caller can size dw_part and db_part first); 0 if none
+// fits or the tile is not built.
 int norm_bwd_clusters(int dt, int e, bool rms, bool bias, int n) {
   const int cl = cluster_for(n, e);
   int g = 0;
-  if (e != BWD_E) return 0;
+  const char* err = nullptr;
   CR_DTYPES(dt, {
-    constexpr int E = BWD_E;
-    if (rms) g = max_clusters(norm_bwd<T, E, true, false>, cl);
-    else if (bias) g = max_clusters(norm_bwd<T, E, false, true>, cl);
-    else g = max_clusters(norm_bwd<T, E, false, false>, cl);
+    auto fit = [&](auto kernel, int smem) { g = max_clusters(kernel, cl, smem); };
+    CR_NORM_BWD_TILE(fit)
   })
-  return g;
+  return err ? 0 : g;
 }
 
 const char* softmax_fwd_launch(int dt, int e, int occ, const void* x, int64_t sx, void* y, int64_t sy,
@@ -650,7 +693,7 @@ const char* softmax_fwd_launch(int dt, int e, int occ, const void* x, int64_t sx
   const int cl = cluster_for(n, e);
   const char* err = nullptr;
   CR_DTYPES(dt, CR_TILE(SOFTMAX_FWD, e, occ, {
-    err = launch(softmax_fwd<T, E, OCC>, rows * cl, cl, st, (const T*)x, sx, (T*)y, sy, n);
+    err = launch(softmax_fwd<T, E, OCC>, rows * cl, cl, 0, st, (const T*)x, sx, (T*)y, sy, n);
   }))
   return err;
 }
@@ -660,7 +703,7 @@ const char* softmax_bwd_launch(int dt, int e, int occ, const void* y, int64_t sy
   const int cl = cluster_for(n, e);
   const char* err = nullptr;
   CR_DTYPES(dt, CR_TILE(SOFTMAX_BWD, e, occ, {
-    err = launch(softmax_bwd<T, E, OCC>, rows * cl, cl, st, (const T*)y, sy, (const T*)dy, sdy, (T*)dx,
+    err = launch(softmax_bwd<T, E, OCC>, rows * cl, cl, 0, st, (const T*)y, sy, (const T*)dy, sdy, (T*)dx,
                  sdx, n);
   }))
   return err;

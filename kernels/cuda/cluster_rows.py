@@ -36,7 +36,7 @@ MAX_CLUSTER = 16  # CTAs per cluster: 8 is portable, an H100 allows 16
 # Values per thread: 32 (8,192 per CTA) for the forward kernels. The backward kernels hold two
 # chunks (x and dy, or y and dy) and use 16 (4,096 values per CTA); the norms' backward holds four
 # (this row's and the next's, in flight) and keeps its column sums in shared memory (16 KB a CTA at
-# 16, 32 KB with a bias; cluster_rows.cu builds it for 16 only).
+# 16, 32 KB with a bias).
 E_FWD = 32
 E_BWD = 16
 # The norms' backward once held each row in registers, with nothing in flight while a row was
@@ -56,6 +56,10 @@ CANDIDATE_TILES = {
     "softmax_fwd": [(64, 4)],  # 64 registers: 4 CTAs x 32 KB (default: 5 x 16 KB)
     "rms_norm_fwd": [(64, 4)],  # 4 x 32 KB (default: bf16 6 x 16 KB, fp16 8 x 16 KB)
     "softmax_bwd": [(32, 0)],  # 80 registers: 3 x 2 x 16 KB (default E 16: 5 x 2 x 8 KB)
+    # 123-128 registers (weights re-read from L1 each pass), 2 CTAs an SM with 32 KB of the next
+    # row in flight each, 8 CTAs a row at 65,536 (default E 16: 3 x 16 KB, 16 CTAs a row)
+    "rms_norm_bwd": [(32, 0)],
+    "layer_norm_bwd": [(32, 0)],
 }
 # Measured on an H100 at 4,096 x 65,536, one run, fractions of the copy bandwidth (default tile ->
 # candidate; results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-cluster-rows-tiles.txt, before the
@@ -195,7 +199,8 @@ def norm_backward(dy, x, weight, mean, rstd, has_bias: bool):
     """dx, dw, db (db None without a bias): one cluster kernel, then one launch of
     kernels.partial_sums for the columns' sums over the clusters' partial rows."""
     dy2 = _grad_rows(dy)
-    dx, partials = module().cr_norm_bwd(dy2, rows_of(x), weight, mean, rstd, has_bias, E_BWD, 0)
+    e = tile("rms_norm_bwd" if mean is None else "layer_norm_bwd", x)[0]
+    dx, partials = module().cr_norm_bwd(dy2, rows_of(x), weight, mean, rstd, has_bias, e, 0)
     sums = partial_sums.sum_stacked(partials, weight.dtype)
     return dx.view(x.shape), sums[0], sums[1] if has_bias else None
 

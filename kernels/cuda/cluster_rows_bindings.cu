@@ -72,7 +72,8 @@ std::vector<torch::Tensor> cr_norm_bwd(torch::Tensor dy, torch::Tensor x, torch:
                                        int64_t e, int64_t clusters) {
   check_rows("x", x, e);
   check_rows("dy", dy, e);
-  TORCH_CHECK(e == 16, "cluster_rows: the norms' backward is built for e 16, got ", e);
+  TORCH_CHECK(e == 16 || (e == 32 && x.element_size() == 2),
+              "cluster_rows: the norms' backward is built for e 16 (and 32 for 16-bit types), got ", e);
   TORCH_CHECK(dy.sizes() == x.sizes() && dy.scalar_type() == x.scalar_type(), "cluster_rows: dy must match x");
   TORCH_CHECK(w.is_contiguous() && w.numel() == x.size(1) && w.scalar_type() == x.scalar_type(),
               "cluster_rows: weight must be contiguous, [n] and of x's dtype");

@@ -92,13 +92,18 @@ def cluster_rows():
     # 256 rows of 16,392 columns: three CTAs a row forward (five backward), the last one mostly
     # padding. The kernels' reach is widened to every op and to these rows, which they would not
     # otherwise be used for (kernels.rows.CLUSTER_ABOVE_COLS, CLUSTER_MIN_ROWS and cr.WINS).
-    keep = rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS
+    keep = rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS, cr.TILES
     rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS = 8192, 1
     cr.WINS = {op: set(rows_mod.SUPPORTED_DTYPES) for op in cr.WINS}
     try:
         _cluster_rows(cr, norms, softmax, 256, 16_392)
+        # Then each fp16 candidate tile once (the tiles scripts/gpu/cluster_rows_probe.py times).
+        for i in range(max(len(t) for t in cr.CANDIDATE_TILES.values())):
+            cands = cr.CANDIDATE_TILES.items()
+            cr.TILES = {op: {torch.float16: t[i]} for op, t in cands if i < len(t)}
+            _cluster_rows(cr, norms, softmax, 256, 16_392)
     finally:
-        rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS = keep
+        rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS, cr.TILES = keep
 
 
 def _cluster_rows(cr, norms, softmax, rows, cols):
