@@ -133,13 +133,15 @@ struct Max {
 };
 
 // Shared memory of the reductions: per-warp values; this CTA's K values, read by the cluster; and
-// every CTA's K values, gathered from the cluster. Two slots of each of the last two: the persistent
-// backward alternates them row by row.
+// every CTA's K values, gathered from the cluster. `part` has two slots, which the persistent
+// backward alternates row by row: another CTA may still read this row's slot while this CTA writes
+// the next row's. `all` needs one: only this CTA reads it, and it is rewritten only after a
+// __syncthreads that follows every thread's reads of it (block_reduce's, then the cluster barrier).
 template <int K>
 struct Scratch {
   float warp[WARPS][K];
   float part[2][K];
-  float all[2][MAX_CLUSTER][K];
+  float all[MAX_CLUSTER][K];
 };
 
 // Reduce K values per thread over this CTA with Op; every thread gets the K results (fixed order:
@@ -168,7 +170,7 @@ __device__ __forceinline__ void block_reduce(float (&v)[K], Scratch<K>& s) {
 }
 
 // Exchange K values per CTA (every thread of a CTA holds its CTA's) across the cluster: after it,
-// s.all[slot][r][k] holds value k of CTA r, for every rank r, in this CTA's own shared memory.
+// s.all[r][k] holds value k of CTA r, for every rank r, in this CTA's own shared memory.
 // Each remote value is read once per CTA, by one thread (ranks x K of them at once), not by every
 // thread: read by all 256, the reads cost 256 times the traffic over the SM-to-SM network, and a
 // loop over the ranks waits out one remote latency per rank.
@@ -179,7 +181,7 @@ __device__ __forceinline__ void exchange(const float (&v)[K], Scratch<K>& s, int
   const int ranks = static_cast<int>(cl.num_blocks());
   if (threadIdx.x < ranks * K) {
     const int r = threadIdx.x / K, k = threadIdx.x % K;
-    s.all[slot][r][k] = *cl.map_shared_rank(&s.part[slot][k], r);
+    s.all[r][k] = *cl.map_shared_rank(&s.part[slot][k], r);
   }
   __syncthreads();
 }
@@ -193,9 +195,9 @@ __device__ __forceinline__ void cluster_sum(float (&v)[K], Scratch<K>& s, int sl
   const int ranks = static_cast<int>(cl.num_blocks());
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    float a = s.all[slot][0][k];
+    float a = s.all[0][k];
 #pragma unroll 4  // 4 keeps softmax's 16-bit backward at 80 registers (1: 86-88, 2 CTAs an SM)
-    for (int r = 1; r < ranks; ++r) a += s.all[slot][r][k];
+    for (int r = 1; r < ranks; ++r) a += s.all[r][k];
     v[k] = a;
   }
 }
@@ -261,14 +263,14 @@ __global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x
     a[1] = b2[0];
     exchange(a, s, 0, cl);
     float total = 0.f;
-    for (int r = 0; r < ranks; ++r) total += s.all[0][r][0];
+    for (int r = 0; r < ranks; ++r) total += s.all[r][0];
     mean = total / n;
     float M2 = 0.f;
     for (int r = 0; r < ranks; ++r) {
       const int nr = chunk_count(r, CHUNK, n);
       if (nr == 0) continue;
-      const float d = s.all[0][r][0] / nr - mean;
-      M2 += s.all[0][r][1] + nr * d * d;
+      const float d = s.all[r][0] / nr - mean;
+      M2 += s.all[r][1] + nr * d * d;
     }
     var = M2 / n;
   }
@@ -456,12 +458,12 @@ __global__ void __launch_bounds__(THREADS, OCC) softmax_fwd(const T* __restrict_
   float part[2] = {m[0], l[0]};
   exchange(part, s, 0, cl);
   float mx = -INFINITY;
-  for (int r = 0; r < ranks; ++r) mx = fmaxf(mx, s.all[0][r][0]);
+  for (int r = 0; r < ranks; ++r) mx = fmaxf(mx, s.all[r][0]);
   float sum = 0.f;
   for (int r = 0; r < ranks; ++r) {
-    const float m_r = s.all[0][r][0];
+    const float m_r = s.all[r][0];
     if (m_r == -INFINITY) continue;
-    sum += s.all[0][r][1] * exp2f((m_r - mx) * LOG2E);
+    sum += s.all[r][1] * exp2f((m_r - mx) * LOG2E);
   }
   auto done = cl.barrier_arrive();
   // A row of -inf only has no max to subtract: its output is NaN, as torch.softmax's is.
