@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "kernels" / "cuda" / "cluster_rows.cu"
 THREADS = 256
 DTYPES = {"f": ("fp32", 4), "6__half": ("fp16", 2), "13__nv_bfloat16": ("bf16", 2)}
-# Mangled names: kernel<T, E, (RMS, BIAS, STATS | RMS, BIAS), OCC?>.
+# Mangled names: kernel(_loop)?<T, E, (RMS, BIAS, STATS | RMS, BIAS), OCC?>.
 NAME = re.compile(
-    r"_ZN12cluster_rows\d+(?P<kernel>norm_fwd|norm_bwd|softmax_fwd|softmax_bwd)I"
+    r"_ZN12cluster_rows\d+(?P<kernel>norm_fwd|norm_bwd|softmax_fwd|softmax_bwd)(?P<loop>_loop)?I"
     r"(?P<t>f|6__half|13__nv_bfloat16)Li(?P<e>\d+)E(?P<flags>(?:Lb[01]E)*)(?:Li(?P<occ>\d+)E)?"
 )
 
@@ -74,12 +74,14 @@ def _describe(rec: dict) -> dict:
         op += "" if rms else (" +bias" if bias else "")
     else:
         op = kernel
+    loop = m.group("loop") is not None
+    op += " loop" if loop else ""
     dtype, size = DTYPES[m.group("t")]
     e = int(m.group("e"))
-    # softmax's backward holds two chunks (y and dy); the norms' backward four (x and dy of the row
-    # it works on and of the next, whose loads are in flight)
-    chunks = 4 if kernel == "norm_bwd" else 2 if kernel.endswith("bwd") else 1
-    return dict(rec, op=op, dtype=dtype, e=e, occ=int(m.group("occ") or 0),
+    # softmax's backward holds two chunks (y and dy), and a persistent forward two (this row's and
+    # the next's, in flight); the norms' backward four (x and dy of this row and of the next)
+    chunks = 4 if kernel == "norm_bwd" else 2 if kernel.endswith("bwd") or loop else 1
+    return dict(rec, op=op, dtype=dtype, e=e, occ=int(m.group("occ") or 0), loop=loop,
                 chunk_kb=chunks * e * THREADS * size / 1024)  # fmt: skip
 
 

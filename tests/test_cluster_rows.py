@@ -106,8 +106,9 @@ def test_kernels_compile_for_sm90_without_spills():
     report = ptxas.compile_report()
     # norm_fwd: 3 dtypes x E 16, 32 x (RMSNorm, LayerNorm with and without a bias) x stats or not,
     # and 16-bit RMSNorm at (64, 4); softmax_fwd: 3 x 2 and 16-bit (64, 4); softmax_bwd: 3 x 2;
-    # norm_bwd: 3 dtypes at E 16 and 16-bit at E 32, x (RMSNorm, LayerNorm with and without a bias).
-    expected = (3 * 2 * 3 * 2 + 2 * 2) + (3 * 2 + 2) + 3 * 2 + (3 + 2) * 3
+    # norm_bwd: 3 dtypes at E 16 and 16-bit at E 32, x (RMSNorm, LayerNorm with and without a bias);
+    # the persistent forwards at (32, 0): norm_fwd_loop 3 x 3 x 2, softmax_fwd_loop 3.
+    expected = (3 * 2 * 3 * 2 + 2 * 2) + (3 * 2 + 2) + 3 * 2 + (3 + 2) * 3 + (3 * 3 * 2 + 3)
     assert len(report) == expected, (len(report), expected)
     assert all("op" in r for r in report), [r["name"] for r in report if "op" not in r]
     spills = [r["name"] for r in report if r["spill_bytes"]]
@@ -242,6 +243,30 @@ def test_candidate_tiles_match_fp64_reference(calls, monkeypatch, op, tile, shap
     x, w, b, dy = _inputs(shape, dtype, seed=1)
     _check(kind, x * 4 if kind == "softmax" else x, w, b, dy)
     assert len(calls) == 2, calls
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(300, 65536), (257, 40000)])
+@pytest.mark.parametrize("op", cluster_rows.LOOP_OPS)
+def test_persistent_forwards_match_fp64_reference(calls, monkeypatch, op, shape, dtype):
+    """The forwards as persistent clusters (the next row in flight, the exchange's slot
+    alternating row by row) are as exact as the one-row kernels."""
+    monkeypatch.setattr(cluster_rows, "TILES", {})
+    monkeypatch.setattr(cluster_rows, "LOOP_FWD", {op: {dtype}})
+    kind = op[: -len("_fwd")]
+    x, w, b, dy = _inputs(shape, dtype, seed=2)
+    _check(kind, x * 4 if kind == "softmax" else x, w, b, dy)
+    assert len(calls) == 2, calls
+
+
+def test_looped_only_where_named_and_at_the_default_tile(monkeypatch):
+    x = torch.empty(2, 65536, dtype=torch.bfloat16)
+    monkeypatch.setattr(cluster_rows, "LOOP_FWD", {"softmax_fwd": {torch.bfloat16}})
+    assert cluster_rows.looped("softmax_fwd", x, cluster_rows.E_FWD, 0)
+    assert not cluster_rows.looped("softmax_fwd", x, 64, 4)  # built for (E_FWD, 0) only
+    assert not cluster_rows.looped("softmax_fwd", x.half(), cluster_rows.E_FWD, 0)
+    assert not cluster_rows.looped("rms_norm_fwd", x, cluster_rows.E_FWD, 0)
 
 
 @gpu

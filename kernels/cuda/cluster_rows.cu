@@ -26,6 +26,8 @@
 //              with the next row's loads in flight, and keeps its columns' dw/db sums in shared
 //              memory; kernels.partial_sums adds the G partial rows up afterwards
 //   softmax_fwd  y = exp(x - max) / sum(exp(x - max))
+//   norm_fwd_loop, softmax_fwd_loop  the forwards as persistent clusters, with the next row's chunk
+//              in flight while a row is worked on (candidates: cluster_rows.py's LOOP_FWD)
 //   softmax_bwd  dx = y * (dy - sum(y * dy))
 //
 // A cluster's shared memory must outlive every read of it from other CTAs, so each kernel ends
@@ -38,6 +40,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -215,11 +218,15 @@ __device__ __forceinline__ int chunk_count(int rank, int chunk, int n) {
 // and every CTA merges the S pairs with Chan et al.'s rule, M2 = sum M2_r + sum n_r (m_r - m)^2.
 // That is as stable as two passes (no E[x^2] - E[x]^2 cancellation) at the cost of one barrier.
 
+// The forwards come in two launches. norm_fwd: one row per cluster (rows x S CTAs); the registers
+// hold one chunk, and the SM's other CTAs cover the latency of this one's reduction and exchange.
+// (Its unnamed int is the row count, which the grid already gives: the two kernels share a
+// signature.) norm_fwd_loop, below: persistent clusters.
 template <typename T, int E, bool RMS, bool BIAS, bool STATS, int OCC = 0>
 __global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x, int64_t sx,
                                                     const T* __restrict__ w, const T* __restrict__ b,
                                                     T* __restrict__ y, int64_t sy, float* __restrict__ mean_out,
-                                                    float* __restrict__ rstd_out, int n, float eps) {
+                                                    float* __restrict__ rstd_out, int, int n, float eps) {
   using F = Packed<T, E>;
   constexpr int V = F::V;
   constexpr int CHUNK = E * THREADS;
@@ -293,6 +300,106 @@ __global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x
     }
   }
   cl.barrier_wait(std::move(done));  // no CTA's shared memory goes while another may read it
+}
+
+// Persistent clusters (as many as fit), each walking rows c, c + G, ... as the backward does, with
+// the next row's chunk loading while this row is reduced, exchanged and written; the exchange's
+// slot alternates row by row, and one cluster barrier ends the kernel. A candidate (LOOP_FWD in
+// cluster_rows.py): built for the tile (32, 0) only.
+template <typename T, int E, bool RMS, bool BIAS, bool STATS>
+__global__ void __launch_bounds__(THREADS) norm_fwd_loop(const T* __restrict__ x, int64_t sx,
+                                                    const T* __restrict__ w, const T* __restrict__ b,
+                                                    T* __restrict__ y, int64_t sy, float* __restrict__ mean_out,
+                                                    float* __restrict__ rstd_out, int n_rows, int n, float eps) {
+  using F = Packed<T, E>;
+  constexpr int V = F::V;
+  constexpr int CHUNK = E * THREADS;
+  __shared__ Scratch<2> s;
+  cg::cluster_group cl = cg::this_cluster();
+  const int ranks = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
+  const int cluster = blockIdx.x / ranks, clusters = gridDim.x / ranks;
+  const int c0 = rank * CHUNK;
+  F f;
+  float mean = 0.f, rstd;
+  // The statistics of the row in f (exchange slot `slot`).
+  auto statistics = [&](int slot) {
+    float var;
+    if constexpr (RMS) {
+      float a[2] = {0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < F::N; ++i)
+#pragma unroll
+        for (int j = 0; j < V; ++j) a[0] += f.at(i, j) * f.at(i, j);  // padding loads as 0
+      cluster_sum(a, s, slot, cl);
+      var = a[0] / n;
+    } else {
+      const int count = chunk_count(rank, CHUNK, n);
+      float a[2] = {0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < F::N; ++i)
+#pragma unroll
+        for (int j = 0; j < V; ++j) a[0] += f.at(i, j);
+      block_reduce<Sum>(a, s);
+      const float local_mean = count > 0 ? a[0] / count : 0.f;
+      float m2 = 0.f;
+#pragma unroll
+      for (int i = 0; i < F::N; ++i) {
+        const bool in = F::col(c0, i) < n;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float d = in ? f.at(i, j) - local_mean : 0.f;
+          m2 += d * d;
+        }
+      }
+      float b2[2] = {m2, 0.f};
+      block_reduce<Sum>(b2, s);
+      a[1] = b2[0];
+      exchange(a, s, slot, cl);
+      float total = 0.f;
+      for (int r = 0; r < ranks; ++r) total += s.all[r][0];
+      mean = total / n;
+      float M2 = 0.f;
+      for (int r = 0; r < ranks; ++r) {
+        const int nr = chunk_count(r, CHUNK, n);
+        if (nr == 0) continue;
+        const float d = s.all[r][0] / nr - mean;
+        M2 += s.all[r][1] + nr * d * d;
+      }
+      var = M2 / n;
+    }
+    rstd = rsqrtf(var + eps);
+  };
+  // Row `row`'s output (and statistics) from f.
+  auto write = [&](int64_t row) {
+    store_chunk<F>(y + row * sy, c0, n, [&](int i, int c, float (&o)[V]) {
+      float wv[V], bv[V];
+      load_vec<T, V>(w + c, wv);
+      if constexpr (BIAS) load_vec<T, V>(b + c, bv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        o[j] = (f.at(i, j) - mean) * rstd * wv[j];
+        if constexpr (BIAS) o[j] += bv[j];
+      }
+    });
+    if constexpr (STATS) {
+      if (rank == 0 && threadIdx.x == 0) {
+        rstd_out[row] = rstd;
+        if constexpr (!RMS) mean_out[row] = mean;
+      }
+    }
+  };
+  {
+    F next;  // the next row's chunk, in flight while this one is worked on
+    int row = cluster, slot = 0;
+    if (row < n_rows) f.load(x + row * sx, c0, n);
+    for (; row < n_rows; row += clusters, slot ^= 1) {
+      if (row + clusters < n_rows) next.load(x + static_cast<int64_t>(row + clusters) * sx, c0, n);
+      statistics(slot);
+      write(row);
+      f = next;
+    }
+    cl.sync();
+  }
 }
 
 // The backward walks its cluster's rows with the next row's loads in flight: while row i is reduced,
@@ -426,7 +533,7 @@ __global__ void __launch_bounds__(THREADS, bwd_ctas<T, E>())
 
 template <typename T, int E, int OCC = 0>
 __global__ void __launch_bounds__(THREADS, OCC) softmax_fwd(const T* __restrict__ x, int64_t sx,
-                                                       T* __restrict__ y, int64_t sy, int n) {
+                                                       T* __restrict__ y, int64_t sy, int, int n) {
   using F = Packed<T, E>;
   constexpr int V = F::V;
   constexpr float LOG2E = 1.4426950408889634f;
@@ -473,6 +580,73 @@ __global__ void __launch_bounds__(THREADS, OCC) softmax_fwd(const T* __restrict_
     for (int j = 0; j < V; ++j) o[j] = exp2f((f.at(i, j) - mx) * LOG2E) * inv;
   });
   cl.barrier_wait(std::move(done));
+}
+
+// softmax_fwd as persistent clusters with the next row in flight (as norm_fwd_loop).
+template <typename T, int E>
+__global__ void __launch_bounds__(THREADS) softmax_fwd_loop(const T* __restrict__ x, int64_t sx,
+                                                       T* __restrict__ y, int64_t sy, int n_rows, int n) {
+  using F = Packed<T, E>;
+  constexpr int V = F::V;
+  constexpr float LOG2E = 1.4426950408889634f;
+  __shared__ Scratch<2> s;
+  cg::cluster_group cl = cg::this_cluster();
+  const int ranks = static_cast<int>(cl.num_blocks());
+  const int cluster = blockIdx.x / ranks, clusters = gridDim.x / ranks;
+  const int c0 = static_cast<int>(cl.block_rank()) * (E * THREADS);
+  F f;
+  // The row's max and sum of exp(x - max), of the row in f (exchange slot `slot`).
+  auto statistics = [&](int slot) -> float2 {
+    float m[2] = {-INFINITY, 0.f};
+#pragma unroll
+    for (int i = 0; i < F::N; ++i) {
+      if (F::col(c0, i) >= n) continue;
+#pragma unroll
+      for (int j = 0; j < V; ++j) m[0] = fmaxf(m[0], f.at(i, j));
+    }
+    block_reduce<Max>(m, s);
+    // A chunk of padding only (m_r = -inf) adds nothing: its l_r is 0.
+    const float mr = m[0] == -INFINITY ? 0.f : m[0];
+    float l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < F::N; ++i) {
+      if (F::col(c0, i) >= n) continue;
+#pragma unroll
+      for (int j = 0; j < V; ++j) l[0] += exp2f((f.at(i, j) - mr) * LOG2E);
+    }
+    block_reduce<Sum>(l, s);
+    float part[2] = {m[0], l[0]};
+    exchange(part, s, slot, cl);
+    float mx = -INFINITY;
+    for (int r = 0; r < ranks; ++r) mx = fmaxf(mx, s.all[r][0]);
+    float sum = 0.f;
+    for (int r = 0; r < ranks; ++r) {
+      const float m_r = s.all[r][0];
+      if (m_r == -INFINITY) continue;
+      sum += s.all[r][1] * exp2f((m_r - mx) * LOG2E);
+    }
+    return make_float2(mx, sum);
+  };
+  // Row `row`'s output from f and its statistics (max, sum).
+  auto write = [&](int64_t row, float2 st) {
+    // A row of -inf only has no max to subtract: its output is NaN, as torch.softmax's is.
+    const float mx = st.x, inv = 1.f / st.y;
+    store_chunk<F>(y + row * sy, c0, n, [&](int i, int, float (&o)[V]) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) o[j] = exp2f((f.at(i, j) - mx) * LOG2E) * inv;
+    });
+  };
+  {
+    F next;
+    int row = cluster, slot = 0;
+    if (row < n_rows) f.load(x + row * sx, c0, n);
+    for (; row < n_rows; row += clusters, slot ^= 1) {
+      if (row + clusters < n_rows) next.load(x + static_cast<int64_t>(row + clusters) * sx, c0, n);
+      write(row, statistics(slot));
+      f = next;
+    }
+    cl.sync();
+  }
 }
 
 template <typename T, int E, int OCC = 0>
@@ -613,26 +787,46 @@ void with_tile(Body&& body, const char*& err) {
   CR_TILE_CASE(64, 4, KIND, EV, OV, __VA_ARGS__)  \
   err = TILE_MISSING;
 
-const char* norm_fwd_launch(int dt, int e, int occ, bool rms, bool bias, bool stats, const void* x,
-                            int64_t sx, const void* w, const void* b, void* y, int64_t sy, float* mean,
-                            float* rstd, int rows, int n, float eps, cudaStream_t st) {
+// Launch a forward as one row per cluster, or (loop) as persistent clusters, as many as fit and at
+// most one a row. pick(std::bool_constant<LOOP>) names the kernel; the persistent ones are built
+// for the default forward tile, (32, 0), only (CAN_LOOP).
+template <bool CAN_LOOP, class Pick, typename... A>
+const char* launch_rows(Pick pick, bool loop, int rows, int cl, cudaStream_t st, A... args) {
+  if (!loop) return launch(pick(std::false_type{}), rows * cl, cl, 0, st, args...);
+  if constexpr (CAN_LOOP) {
+    auto kernel = pick(std::true_type{});
+    const int g = std::min(max_clusters(kernel, cl, 0), rows);
+    if (g <= 0) return "no cluster of this size fits on the GPU";
+    return launch(kernel, g * cl, cl, 0, st, args...);
+  } else {
+    return "the persistent forwards are built for tile (32, 0) only";
+  }
+}
+
+const char* norm_fwd_launch(int dt, int e, int occ, bool loop, bool rms, bool bias, bool stats,
+                            const void* x, int64_t sx, const void* w, const void* b, void* y, int64_t sy,
+                            float* mean, float* rstd, int rows, int n, float eps, cudaStream_t st) {
   const int cl = cluster_for(n, e);
   const char* err = nullptr;
-#define CR_NORM_FWD_GO                                                                          \
-  auto go = [&](auto kernel) {                                                                  \
-    err = launch(kernel, rows * cl, cl, 0, st, (const T*)x, sx, (const T*)w, (const T*)b, (T*)y, sy, mean, \
-                 rstd, n, eps);                                                                 \
-  }
+#define CR_NORM_FWD_GO(RMS_, BIAS_, STATS_)                                                            \
+  err = launch_rows<OCC == 0 && E == 32>(                                                                         \
+      [&](auto lp) {                                                                                   \
+        if constexpr (decltype(lp)::value) return norm_fwd_loop<T, E, RMS_, BIAS_, STATS_>;            \
+        else return norm_fwd<T, E, RMS_, BIAS_, STATS_, OCC>;                                           \
+      },                                                                                               \
+      loop, rows,                                                                                      \
+      cl, st, (const T*)x, sx, (const T*)w, (const T*)b, (T*)y, sy, mean, rstd, rows, n, eps)
   if (rms) {
     CR_DTYPES(dt, CR_TILE(RMS_FWD, e, occ, {
-      CR_NORM_FWD_GO;
-      stats ? go(norm_fwd<T, E, true, false, true, OCC>) : go(norm_fwd<T, E, true, false, false, OCC>);
+      if (stats) CR_NORM_FWD_GO(true, false, true);
+      else CR_NORM_FWD_GO(true, false, false);
     }))
   } else {
     CR_DTYPES(dt, CR_TILE(LAYER_FWD, e, occ, {
-      CR_NORM_FWD_GO;
-      if (bias) stats ? go(norm_fwd<T, E, false, true, true, OCC>) : go(norm_fwd<T, E, false, true, false, OCC>);
-      else stats ? go(norm_fwd<T, E, false, false, true, OCC>) : go(norm_fwd<T, E, false, false, false, OCC>);
+      if (bias && stats) CR_NORM_FWD_GO(false, true, true);
+      else if (bias) CR_NORM_FWD_GO(false, true, false);
+      else if (stats) CR_NORM_FWD_GO(false, false, true);
+      else CR_NORM_FWD_GO(false, false, false);
     }))
   }
 #undef CR_NORM_FWD_GO
@@ -690,12 +884,16 @@ int norm_bwd_clusters(int dt, int e, bool rms, bool bias, int n) {
   return err ? 0 : g;
 }
 
-const char* softmax_fwd_launch(int dt, int e, int occ, const void* x, int64_t sx, void* y, int64_t sy,
-                               int rows, int n, cudaStream_t st) {
+const char* softmax_fwd_launch(int dt, int e, int occ, bool loop, const void* x, int64_t sx, void* y,
+                               int64_t sy, int rows, int n, cudaStream_t st) {
   const int cl = cluster_for(n, e);
   const char* err = nullptr;
   CR_DTYPES(dt, CR_TILE(SOFTMAX_FWD, e, occ, {
-    err = launch(softmax_fwd<T, E, OCC>, rows * cl, cl, 0, st, (const T*)x, sx, (T*)y, sy, n);
+    auto pick = [&](auto lp) {
+      if constexpr (decltype(lp)::value) return softmax_fwd_loop<T, E>;
+      else return softmax_fwd<T, E, OCC>;
+    };
+    err = launch_rows<OCC == 0 && E == 32>(pick, loop, rows, cl, st, (const T*)x, sx, (T*)y, sy, rows, n);
   }))
   return err;
 }

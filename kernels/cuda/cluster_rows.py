@@ -71,6 +71,13 @@ TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
     "softmax_bwd": {torch.bfloat16: (32, 0), torch.float16: (32, 0)},
     "rms_norm_fwd": {torch.bfloat16: (64, 4), torch.float16: (64, 4)},
 }
+# The forwards can also run as persistent clusters, each walking rows c, c + G, ... with the next
+# row's chunk loading while it reduces, exchanges and writes this one (as the norms' backward
+# does): a chunk of 8,192 values a CTA in flight beside the one worked on, and no cluster launched
+# per row. Built for the tile (E_FWD, 0); it runs for the ops and dtypes named here, once
+# scripts/gpu/cluster_rows_probe.py --tiles (column ``loop``) has measured it faster.
+LOOP_OPS = ("softmax_fwd", "rms_norm_fwd", "layer_norm_fwd")
+LOOP_FWD: dict[str, set[torch.dtype]] = {}
 # The ops and dtypes for which the cluster kernels beat the Triton ones, measured on an H100 at
 # 4,096 x 65,536 (scripts/gpu/cluster_rows_probe.py; fractions of the copy bandwidth, cluster /
 # Triton, one run: results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-exchange.txt). fp32:
@@ -94,11 +101,12 @@ ENV = "GPU_BRRR_CLUSTER_ROWS"
 FUNCTIONS = ["cr_norm_fwd", "cr_norm_bwd", "cr_softmax_fwd", "cr_softmax_bwd"]
 SIGNATURE = """
 std::vector<torch::Tensor> cr_norm_fwd(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> b,
-                                       double eps, bool rms, bool stats, int64_t e, int64_t occ);
+                                       double eps, bool rms, bool stats, int64_t e, int64_t occ,
+                                       bool loop);
 std::vector<torch::Tensor> cr_norm_bwd(torch::Tensor dy, torch::Tensor x, torch::Tensor w,
                                        c10::optional<torch::Tensor> mean, torch::Tensor rstd, bool bias,
                                        int64_t e, int64_t clusters);
-torch::Tensor cr_softmax_fwd(torch::Tensor x, int64_t e, int64_t occ);
+torch::Tensor cr_softmax_fwd(torch::Tensor x, int64_t e, int64_t occ, bool loop);
 torch::Tensor cr_softmax_bwd(torch::Tensor y, torch::Tensor dy, int64_t e, int64_t occ);
 """
 
@@ -182,11 +190,18 @@ def tile(op: str, x: torch.Tensor) -> tuple[int, int]:
     return TILES.get(op, {}).get(x.dtype, default)
 
 
+def looped(op: str, x: torch.Tensor, e: int, occ: int) -> bool:
+    """Whether the forward ``op`` runs as persistent clusters with the next row in flight (LOOP_FWD
+    names it for x's dtype; built for the tile (E_FWD, 0) only)."""
+    return x.dtype in LOOP_FWD.get(op, ()) and (e, occ) == (E_FWD, 0)
+
+
 def norm_forward(x, weight, bias, eps: float, is_rms: bool, stats: bool = True):
     """y, mean, rstd (mean None for RMSNorm; both None without ``stats``) for ``x`` as rows."""
-    e, occ = tile("rms_norm_fwd" if is_rms else "layer_norm_fwd", x)
+    op = "rms_norm_fwd" if is_rms else "layer_norm_fwd"
+    e, occ = tile(op, x)
     y, mean, rstd = module().cr_norm_fwd(
-        rows_of(x), weight, bias, float(eps), is_rms, stats, e, occ
+        rows_of(x), weight, bias, float(eps), is_rms, stats, e, occ, looped(op, x, e, occ)
     )
     return (
         y.view(x.shape),
@@ -216,7 +231,10 @@ def _grad_rows(dy: torch.Tensor) -> torch.Tensor:
 
 
 def softmax_forward(x: torch.Tensor) -> torch.Tensor:
-    return module().cr_softmax_fwd(rows_of(x), *tile("softmax_fwd", x)).view(x.shape)
+    e, occ = tile("softmax_fwd", x)
+    return (
+        module().cr_softmax_fwd(rows_of(x), e, occ, looped("softmax_fwd", x, e, occ)).view(x.shape)
+    )
 
 
 def softmax_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,7 @@ void check(const char* err) { TORCH_CHECK(err == nullptr, "cluster_rows: ", err 
 // stats).
 std::vector<torch::Tensor> cr_norm_fwd(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> b,
                                        double eps, bool rms, bool stats, int64_t e,
-                                       int64_t occ) {
+                                       int64_t occ, bool loop) {
   check_rows("x", x, e);
   TORCH_CHECK(w.is_contiguous() && w.numel() == x.size(1) && w.scalar_type() == x.scalar_type(),
               "cluster_rows: weight must be contiguous, [n] and of x's dtype");
@@ -56,7 +56,7 @@ std::vector<torch::Tensor> cr_norm_fwd(torch::Tensor x, torch::Tensor w, c10::op
   auto mean = torch::empty({stats && !rms ? rows : 0}, f32);
   if (rows == 0) return {y, mean, rstd};
   check(cluster_rows::norm_fwd_launch(
-      dtype_code(x), static_cast<int>(e), static_cast<int>(occ), rms, bias, stats, x.data_ptr(), x.stride(0),
+      dtype_code(x), static_cast<int>(e), static_cast<int>(occ), loop, rms, bias, stats, x.data_ptr(), x.stride(0),
       w.data_ptr(), bias ? b->data_ptr() : w.data_ptr(), y.data_ptr(), y.stride(0),
       stats && !rms ? mean.data_ptr<float>() : nullptr, stats ? rstd.data_ptr<float>() : nullptr,
       static_cast<int>(rows), static_cast<int>(x.size(1)), static_cast<float>(eps),
@@ -103,12 +103,12 @@ std::vector<torch::Tensor> cr_norm_bwd(torch::Tensor dy, torch::Tensor x, torch:
   return {dx, partials};
 }
 
-torch::Tensor cr_softmax_fwd(torch::Tensor x, int64_t e, int64_t occ) {
+torch::Tensor cr_softmax_fwd(torch::Tensor x, int64_t e, int64_t occ, bool loop) {
   check_rows("x", x, e);
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   auto y = torch::empty_like(x, torch::MemoryFormat::Contiguous);
   if (x.size(0) == 0) return y;
-  check(cluster_rows::softmax_fwd_launch(dtype_code(x), static_cast<int>(e), static_cast<int>(occ),
+  check(cluster_rows::softmax_fwd_launch(dtype_code(x), static_cast<int>(e), static_cast<int>(occ), loop,
                                          x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0),
                                          static_cast<int>(x.size(0)), static_cast<int>(x.size(1)),
                                          at::cuda::getCurrentCUDAStream()));

@@ -9,7 +9,8 @@ kernels.shapes' own.
 
 With ``--tiles``, the 16-bit cases also time each of cluster_rows.CANDIDATE_TILES (columns
 ``e64/o4`` and the like: E values a thread, an occupancy target of OCC CTAs an SM) against the
-default tile (``cluster``), in the same process: the measurement that decides cluster_rows.TILES.
+default tile (``cluster``), in the same process: the measurement that decides cluster_rows.TILES;
+and every dtype's forwards also run as persistent clusters (column ``loop``: cluster_rows.LOOP_FWD).
 Without it, ``cluster`` is the tile the library runs (TILES' entry where there is one).
 
     python scripts/gpu/cluster_rows_probe.py [--quick] [--tiles] [--json FILE]
@@ -69,7 +70,7 @@ def main() -> None:
     if args.quick:  # 4096 x 65536 in each dtype
         cases = [c for c in cases if c[1:] == (4096, 65536)]
     recs = []
-    library_tiles = cluster_rows.TILES
+    library_tiles, library_loop = cluster_rows.TILES, cluster_rows.LOOP_FWD
     for dtype, r, w in cases:
         # The sweep's own six cases of this layout (kernels.shapes): softmax, RMSNorm and
         # LayerNorm, forward and backward, each with its PyTorch call and its minimum traffic.
@@ -93,6 +94,15 @@ def main() -> None:
                     ours = c.setup()[0]
                     ms[c.op][f"e{e}/o{occ}"] = bench_ms(ours)
                     ours = None
+        if args.tiles:  # the persistent forwards (column loop), at the default tile, every dtype
+            cluster_rows.TILES = {}
+            for c in row_cases:
+                if c.op in cluster_rows.LOOP_OPS:
+                    cluster_rows.LOOP_FWD = {c.op: {dtype}}
+                    ours = c.setup()[0]
+                    ms[c.op]["loop"] = bench_ms(ours)
+                    ours = None
+            cluster_rows.LOOP_FWD = library_loop
         cluster_rows.TILES = library_tiles
         rows.CLUSTER_ABOVE_COLS, keep = 1 << 40, rows.CLUSTER_ABOVE_COLS
         CALLS.clear()

@@ -92,7 +92,7 @@ def cluster_rows():
     # 256 rows of 16,392 columns: three CTAs a row forward (five backward), the last one mostly
     # padding. The kernels' reach is widened to every op and to these rows, which they would not
     # otherwise be used for (kernels.rows.CLUSTER_ABOVE_COLS, CLUSTER_MIN_ROWS and cr.WINS).
-    keep = rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS, cr.TILES
+    keep = rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS, cr.TILES, cr.LOOP_FWD
     rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS = 8192, 1
     cr.WINS = {op: set(rows_mod.SUPPORTED_DTYPES) for op in cr.WINS}
     try:
@@ -102,8 +102,12 @@ def cluster_rows():
             cands = cr.CANDIDATE_TILES.items()
             cr.TILES = {op: {torch.float16: t[i]} for op, t in cands if i < len(t)}
             _cluster_rows(cr, norms, softmax, 256, 16_392)
+        # And the persistent forwards (cluster_rows.LOOP_FWD), at the default tiles.
+        cr.TILES, cr.LOOP_FWD = {}, {op: {torch.float16} for op in cr.LOOP_OPS}
+        _cluster_rows(cr, norms, softmax, 256, 16_392)
     finally:
-        rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS, cr.TILES = keep
+        rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS, cr.TILES = keep[:4]
+        cr.LOOP_FWD = keep[4]
 
 
 def _cluster_rows(cr, norms, softmax, rows, cols):
