@@ -50,6 +50,7 @@ namespace cg = cooperative_groups;
 
 constexpr int THREADS = 256;
 constexpr int WARPS = THREADS / 32;
+constexpr float LOG2E = 1.4426950408889634f;
 constexpr int MAX_CLUSTER = 16;  // 8 is portable; 16 needs the non-portable attribute (H100: yes)
 
 __device__ __forceinline__ float to_f(float v) { return v; }
@@ -218,25 +219,14 @@ __device__ __forceinline__ int chunk_count(int rank, int chunk, int n) {
 // and every CTA merges the S pairs with Chan et al.'s rule, M2 = sum M2_r + sum n_r (m_r - m)^2.
 // That is as stable as two passes (no E[x^2] - E[x]^2 cancellation) at the cost of one barrier.
 
-// The forwards come in two launches. norm_fwd: one row per cluster (rows x S CTAs); the registers
-// hold one chunk, and the SM's other CTAs cover the latency of this one's reduction and exchange.
-// (Its unnamed int is the row count, which the grid already gives: the two kernels share a
-// signature.) norm_fwd_loop, below: persistent clusters.
-template <typename T, int E, bool RMS, bool BIAS, bool STATS, int OCC = 0>
-__global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x, int64_t sx,
-                                                    const T* __restrict__ w, const T* __restrict__ b,
-                                                    T* __restrict__ y, int64_t sy, float* __restrict__ mean_out,
-                                                    float* __restrict__ rstd_out, int, int n, float eps) {
+// The row's mean (0 for RMSNorm) and rstd, from each CTA's chunk f (exchange slot `slot`).
+template <typename T, int E, bool RMS>
+__device__ __forceinline__ float2 norm_stats(const Packed<T, E>& f, Scratch<2>& s, int slot,
+                                             cg::cluster_group& cl, int rank, int n, float eps) {
   using F = Packed<T, E>;
   constexpr int V = F::V;
   constexpr int CHUNK = E * THREADS;
-  __shared__ Scratch<2> s;
-  cg::cluster_group cl = cg::this_cluster();
-  const int ranks = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
-  const int64_t row = blockIdx.x / ranks;
   const int c0 = rank * CHUNK;
-  F f;
-  f.load(x + row * sx, c0, n);
   float mean = 0.f, var;
   if constexpr (RMS) {
     float a[2] = {0.f, 0.f};
@@ -244,7 +234,7 @@ __global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x
     for (int i = 0; i < F::N; ++i)
 #pragma unroll
       for (int j = 0; j < V; ++j) a[0] += f.at(i, j) * f.at(i, j);  // padding loads as 0
-    cluster_sum(a, s, 0, cl);
+    cluster_sum(a, s, slot, cl);
     var = a[0] / n;
   } else {
     const int count = chunk_count(rank, CHUNK, n);
@@ -268,7 +258,8 @@ __global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x
     float b2[2] = {m2, 0.f};
     block_reduce<Sum>(b2, s);
     a[1] = b2[0];
-    exchange(a, s, 0, cl);
+    exchange(a, s, slot, cl);
+    const int ranks = static_cast<int>(cl.num_blocks());
     float total = 0.f;
     for (int r = 0; r < ranks; ++r) total += s.all[r][0];
     mean = total / n;
@@ -281,9 +272,18 @@ __global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x
     }
     var = M2 / n;
   }
-  auto done = cl.barrier_arrive();  // done reading the other CTAs' shared memory
-  const float rstd = rsqrtf(var + eps);
-  store_chunk<F>(y + row * sy, c0, n, [&](int i, int c, float (&o)[V]) {
+  return make_float2(mean, rsqrtf(var + eps));
+}
+
+// Write the chunk f of row `row`'s output from its (mean, rstd), and (STATS, CTA 0) the statistics.
+template <typename T, int E, bool RMS, bool BIAS, bool STATS>
+__device__ __forceinline__ void norm_write(const Packed<T, E>& f, float2 st, int64_t row, int rank, const T* w,
+                                           const T* b, T* y, int64_t sy, float* mean_out, float* rstd_out,
+                                           int n) {
+  using F = Packed<T, E>;
+  constexpr int V = F::V;
+  const float mean = st.x, rstd = st.y;
+  store_chunk<F>(y + row * sy, rank * (E * THREADS), n, [&](int i, int c, float (&o)[V]) {
     float wv[V], bv[V];
     load_vec<T, V>(w + c, wv);
     if constexpr (BIAS) load_vec<T, V>(b + c, bv);
@@ -299,107 +299,53 @@ __global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x
       if constexpr (!RMS) mean_out[row] = mean;
     }
   }
+}
+
+// The forwards come in two launches. norm_fwd: one row per cluster (rows x S CTAs); the registers
+// hold one chunk, and the SM's other CTAs cover the latency of this one's reduction and exchange.
+// (Its unnamed int is the row count, which the grid already gives: the two kernels share a
+// signature.)
+template <typename T, int E, bool RMS, bool BIAS, bool STATS, int OCC = 0>
+__global__ void __launch_bounds__(THREADS, OCC) norm_fwd(const T* __restrict__ x, int64_t sx,
+                                                    const T* __restrict__ w, const T* __restrict__ b,
+                                                    T* __restrict__ y, int64_t sy, float* __restrict__ mean_out,
+                                                    float* __restrict__ rstd_out, int, int n, float eps) {
+  __shared__ Scratch<2> s;
+  cg::cluster_group cl = cg::this_cluster();
+  const int ranks = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
+  const int64_t row = blockIdx.x / ranks;
+  Packed<T, E> f;
+  f.load(x + row * sx, rank * (E * THREADS), n);
+  const float2 st = norm_stats<T, E, RMS>(f, s, 0, cl, rank, n, eps);
+  auto done = cl.barrier_arrive();  // done reading the other CTAs' shared memory
+  norm_write<T, E, RMS, BIAS, STATS>(f, st, row, rank, w, b, y, sy, mean_out, rstd_out, n);
   cl.barrier_wait(std::move(done));  // no CTA's shared memory goes while another may read it
 }
 
-// Persistent clusters (as many as fit), each walking rows c, c + G, ... as the backward does, with
-// the next row's chunk loading while this row is reduced, exchanged and written; the exchange's
-// slot alternates row by row, and one cluster barrier ends the kernel. A candidate (LOOP_FWD in
-// cluster_rows.py): built for the tile (32, 0) only.
+// norm_fwd_loop: persistent clusters (as many as fit), each walking rows c, c + G, ... as the
+// backward does, with the next row's chunk loading while this row is reduced, exchanged and
+// written; the exchange's slot alternates row by row, and one cluster barrier ends the kernel.
+// A candidate (LOOP_FWD in cluster_rows.py), built for the tile (32, 0) only.
 template <typename T, int E, bool RMS, bool BIAS, bool STATS>
 __global__ void __launch_bounds__(THREADS) norm_fwd_loop(const T* __restrict__ x, int64_t sx,
                                                     const T* __restrict__ w, const T* __restrict__ b,
                                                     T* __restrict__ y, int64_t sy, float* __restrict__ mean_out,
                                                     float* __restrict__ rstd_out, int n_rows, int n, float eps) {
-  using F = Packed<T, E>;
-  constexpr int V = F::V;
-  constexpr int CHUNK = E * THREADS;
   __shared__ Scratch<2> s;
   cg::cluster_group cl = cg::this_cluster();
   const int ranks = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
   const int cluster = blockIdx.x / ranks, clusters = gridDim.x / ranks;
-  const int c0 = rank * CHUNK;
-  F f;
-  float mean = 0.f, rstd;
-  // The statistics of the row in f (exchange slot `slot`).
-  auto statistics = [&](int slot) {
-    float var;
-    if constexpr (RMS) {
-      float a[2] = {0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < F::N; ++i)
-#pragma unroll
-        for (int j = 0; j < V; ++j) a[0] += f.at(i, j) * f.at(i, j);  // padding loads as 0
-      cluster_sum(a, s, slot, cl);
-      var = a[0] / n;
-    } else {
-      const int count = chunk_count(rank, CHUNK, n);
-      float a[2] = {0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < F::N; ++i)
-#pragma unroll
-        for (int j = 0; j < V; ++j) a[0] += f.at(i, j);
-      block_reduce<Sum>(a, s);
-      const float local_mean = count > 0 ? a[0] / count : 0.f;
-      float m2 = 0.f;
-#pragma unroll
-      for (int i = 0; i < F::N; ++i) {
-        const bool in = F::col(c0, i) < n;
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float d = in ? f.at(i, j) - local_mean : 0.f;
-          m2 += d * d;
-        }
-      }
-      float b2[2] = {m2, 0.f};
-      block_reduce<Sum>(b2, s);
-      a[1] = b2[0];
-      exchange(a, s, slot, cl);
-      float total = 0.f;
-      for (int r = 0; r < ranks; ++r) total += s.all[r][0];
-      mean = total / n;
-      float M2 = 0.f;
-      for (int r = 0; r < ranks; ++r) {
-        const int nr = chunk_count(r, CHUNK, n);
-        if (nr == 0) continue;
-        const float d = s.all[r][0] / nr - mean;
-        M2 += s.all[r][1] + nr * d * d;
-      }
-      var = M2 / n;
-    }
-    rstd = rsqrtf(var + eps);
-  };
-  // Row `row`'s output (and statistics) from f.
-  auto write = [&](int64_t row) {
-    store_chunk<F>(y + row * sy, c0, n, [&](int i, int c, float (&o)[V]) {
-      float wv[V], bv[V];
-      load_vec<T, V>(w + c, wv);
-      if constexpr (BIAS) load_vec<T, V>(b + c, bv);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        o[j] = (f.at(i, j) - mean) * rstd * wv[j];
-        if constexpr (BIAS) o[j] += bv[j];
-      }
-    });
-    if constexpr (STATS) {
-      if (rank == 0 && threadIdx.x == 0) {
-        rstd_out[row] = rstd;
-        if constexpr (!RMS) mean_out[row] = mean;
-      }
-    }
-  };
-  {
-    F next;  // the next row's chunk, in flight while this one is worked on
-    int row = cluster, slot = 0;
-    if (row < n_rows) f.load(x + row * sx, c0, n);
-    for (; row < n_rows; row += clusters, slot ^= 1) {
-      if (row + clusters < n_rows) next.load(x + static_cast<int64_t>(row + clusters) * sx, c0, n);
-      statistics(slot);
-      write(row);
-      f = next;
-    }
-    cl.sync();
+  const int c0 = rank * (E * THREADS);
+  Packed<T, E> f, next;  // this row's chunk, and the next row's, in flight
+  int row = cluster, slot = 0;
+  if (row < n_rows) f.load(x + static_cast<int64_t>(row) * sx, c0, n);
+  for (; row < n_rows; row += clusters, slot ^= 1) {
+    if (row + clusters < n_rows) next.load(x + static_cast<int64_t>(row + clusters) * sx, c0, n);
+    const float2 st = norm_stats<T, E, RMS>(f, s, slot, cl, rank, n, eps);
+    norm_write<T, E, RMS, BIAS, STATS>(f, st, row, rank, w, b, y, sy, mean_out, rstd_out, n);
+    f = next;
   }
+  cl.sync();
 }
 
 // The backward walks its cluster's rows with the next row's loads in flight: while row i is reduced,
@@ -531,19 +477,12 @@ __global__ void __launch_bounds__(THREADS, bwd_ctas<T, E>())
 // l_r of exp(x - m_r), and every CTA merges them as the online softmax does (page 4.5):
 // m = max m_r, l = sum l_r exp(m_r - m).
 
-template <typename T, int E, int OCC = 0>
-__global__ void __launch_bounds__(THREADS, OCC) softmax_fwd(const T* __restrict__ x, int64_t sx,
-                                                       T* __restrict__ y, int64_t sy, int, int n) {
+// The row's max and sum of exp(x - max), from each CTA's chunk f (exchange slot `slot`).
+template <typename T, int E>
+__device__ __forceinline__ float2 softmax_stats(const Packed<T, E>& f, Scratch<2>& s, int slot,
+                                                cg::cluster_group& cl, int c0, int n) {
   using F = Packed<T, E>;
   constexpr int V = F::V;
-  constexpr float LOG2E = 1.4426950408889634f;
-  __shared__ Scratch<2> s;
-  cg::cluster_group cl = cg::this_cluster();
-  const int ranks = static_cast<int>(cl.num_blocks());
-  const int64_t row = blockIdx.x / ranks;
-  const int c0 = static_cast<int>(cl.block_rank()) * (E * THREADS);
-  F f;
-  f.load(x + row * sx, c0, n);
   float m[2] = {-INFINITY, 0.f};
 #pragma unroll
   for (int i = 0; i < F::N; ++i) {
@@ -563,7 +502,8 @@ __global__ void __launch_bounds__(THREADS, OCC) softmax_fwd(const T* __restrict_
   }
   block_reduce<Sum>(l, s);
   float part[2] = {m[0], l[0]};
-  exchange(part, s, 0, cl);
+  exchange(part, s, slot, cl);
+  const int ranks = static_cast<int>(cl.num_blocks());
   float mx = -INFINITY;
   for (int r = 0; r < ranks; ++r) mx = fmaxf(mx, s.all[r][0]);
   float sum = 0.f;
@@ -572,13 +512,35 @@ __global__ void __launch_bounds__(THREADS, OCC) softmax_fwd(const T* __restrict_
     if (m_r == -INFINITY) continue;
     sum += s.all[r][1] * exp2f((m_r - mx) * LOG2E);
   }
-  auto done = cl.barrier_arrive();
+  return make_float2(mx, sum);
+}
+
+// Write the chunk f of softmax's output row `y_row` from the row's (max, sum).
+template <typename T, int E>
+__device__ __forceinline__ void softmax_write(const Packed<T, E>& f, float2 st, T* y_row, int c0, int n) {
+  using F = Packed<T, E>;
+  constexpr int V = F::V;
   // A row of -inf only has no max to subtract: its output is NaN, as torch.softmax's is.
-  const float inv = 1.f / sum;
-  store_chunk<F>(y + row * sy, c0, n, [&](int i, int, float (&o)[V]) {
+  const float mx = st.x, inv = 1.f / st.y;
+  store_chunk<F>(y_row, c0, n, [&](int i, int, float (&o)[V]) {
 #pragma unroll
     for (int j = 0; j < V; ++j) o[j] = exp2f((f.at(i, j) - mx) * LOG2E) * inv;
   });
+}
+
+template <typename T, int E, int OCC = 0>
+__global__ void __launch_bounds__(THREADS, OCC) softmax_fwd(const T* __restrict__ x, int64_t sx,
+                                                       T* __restrict__ y, int64_t sy, int, int n) {
+  __shared__ Scratch<2> s;
+  cg::cluster_group cl = cg::this_cluster();
+  const int ranks = static_cast<int>(cl.num_blocks());
+  const int64_t row = blockIdx.x / ranks;
+  const int c0 = static_cast<int>(cl.block_rank()) * (E * THREADS);
+  Packed<T, E> f;
+  f.load(x + row * sx, c0, n);
+  const float2 st = softmax_stats(f, s, 0, cl, c0, n);
+  auto done = cl.barrier_arrive();
+  softmax_write(f, st, y + row * sy, c0, n);
   cl.barrier_wait(std::move(done));
 }
 
@@ -586,67 +548,20 @@ __global__ void __launch_bounds__(THREADS, OCC) softmax_fwd(const T* __restrict_
 template <typename T, int E>
 __global__ void __launch_bounds__(THREADS) softmax_fwd_loop(const T* __restrict__ x, int64_t sx,
                                                        T* __restrict__ y, int64_t sy, int n_rows, int n) {
-  using F = Packed<T, E>;
-  constexpr int V = F::V;
-  constexpr float LOG2E = 1.4426950408889634f;
   __shared__ Scratch<2> s;
   cg::cluster_group cl = cg::this_cluster();
   const int ranks = static_cast<int>(cl.num_blocks());
   const int cluster = blockIdx.x / ranks, clusters = gridDim.x / ranks;
   const int c0 = static_cast<int>(cl.block_rank()) * (E * THREADS);
-  F f;
-  // The row's max and sum of exp(x - max), of the row in f (exchange slot `slot`).
-  auto statistics = [&](int slot) -> float2 {
-    float m[2] = {-INFINITY, 0.f};
-#pragma unroll
-    for (int i = 0; i < F::N; ++i) {
-      if (F::col(c0, i) >= n) continue;
-#pragma unroll
-      for (int j = 0; j < V; ++j) m[0] = fmaxf(m[0], f.at(i, j));
-    }
-    block_reduce<Max>(m, s);
-    // A chunk of padding only (m_r = -inf) adds nothing: its l_r is 0.
-    const float mr = m[0] == -INFINITY ? 0.f : m[0];
-    float l[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < F::N; ++i) {
-      if (F::col(c0, i) >= n) continue;
-#pragma unroll
-      for (int j = 0; j < V; ++j) l[0] += exp2f((f.at(i, j) - mr) * LOG2E);
-    }
-    block_reduce<Sum>(l, s);
-    float part[2] = {m[0], l[0]};
-    exchange(part, s, slot, cl);
-    float mx = -INFINITY;
-    for (int r = 0; r < ranks; ++r) mx = fmaxf(mx, s.all[r][0]);
-    float sum = 0.f;
-    for (int r = 0; r < ranks; ++r) {
-      const float m_r = s.all[r][0];
-      if (m_r == -INFINITY) continue;
-      sum += s.all[r][1] * exp2f((m_r - mx) * LOG2E);
-    }
-    return make_float2(mx, sum);
-  };
-  // Row `row`'s output from f and its statistics (max, sum).
-  auto write = [&](int64_t row, float2 st) {
-    // A row of -inf only has no max to subtract: its output is NaN, as torch.softmax's is.
-    const float mx = st.x, inv = 1.f / st.y;
-    store_chunk<F>(y + row * sy, c0, n, [&](int i, int, float (&o)[V]) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) o[j] = exp2f((f.at(i, j) - mx) * LOG2E) * inv;
-    });
-  };
-  {
-    F next;
-    int row = cluster, slot = 0;
-    if (row < n_rows) f.load(x + row * sx, c0, n);
-    for (; row < n_rows; row += clusters, slot ^= 1) {
-      if (row + clusters < n_rows) next.load(x + static_cast<int64_t>(row + clusters) * sx, c0, n);
-      write(row, statistics(slot));
-      f = next;
-    }
-    cl.sync();
+  Packed<T, E> f, next;  // this row's chunk, and the next row's, in flight
+  int row = cluster, slot = 0;
+  if (row < n_rows) f.load(x + static_cast<int64_t>(row) * sx, c0, n);
+  for (; row < n_rows; row += clusters, slot ^= 1) {
+    if (row + clusters < n_rows) next.load(x + static_cast<int64_t>(row + clusters) * sx, c0, n);
+    softmax_write(f, softmax_stats(f, s, slot, cl, c0, n), y + static_cast<int64_t>(row) * sy, c0, n);
+    f = next;
   }
+  cl.sync();
 }
 
 template <typename T, int E, int OCC = 0>
