@@ -102,7 +102,7 @@ _spec.loader.exec_module(ptxas)
 def test_kernels_compile_for_sm90_without_spills():
     """Every kernel builds for sm_90 with no register spills (a spilled chunk would be read and
     written through local memory, the traffic the cluster exists to avoid), and every candidate
-    tile is built for both 16-bit types (cluster_rows.cu's built())."""
+    tile is built for both 16-bit types (cluster_rows.cu's built() and with_bwd_tile())."""
     report = ptxas.compile_report()
     # norm_fwd: 3 dtypes x E 16, 32 x (RMSNorm, LayerNorm with and without a bias) x stats or not,
     # and 16-bit RMSNorm at (64, 4); softmax_fwd: 3 x 2 and 16-bit (64, 4); softmax_bwd: 3 x 2;

@@ -16,8 +16,8 @@
 // backward an occupancy target OCC: the CTAs an SM must hold, which caps the registers a thread
 // (__launch_bounds__'s second argument; 0: the compiler's own choice). An SM holds (CTAs an SM) x
 // (a chunk's bytes) of rows, and 16-bit chunks are half as large, so the 16-bit forwards of
-// softmax and RMSNorm also build a larger tile (built(), below), which
-// scripts/gpu/cluster_rows_probe.py --tiles times.
+// softmax and RMSNorm also build a larger tile (built(), below), and the 16-bit norms' backward
+// one of 32 values (with_bwd_tile), which scripts/gpu/cluster_rows_probe.py --tiles times.
 //
 // Kernels (T = float, __half or __nv_bfloat16; rows are 16-byte aligned vectors of T):
 //   norm_fwd   y = (x - mean) * rstd * w (+ b), and the row's mean and rstd (fp32) if STATS
