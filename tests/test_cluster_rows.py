@@ -229,6 +229,15 @@ def test_strided_rows_and_a_broadcast_gradient(calls, kind):
 
 
 CANDIDATES = [(op, t) for op, tiles in cluster_rows.CANDIDATE_TILES.items() for t in tiles]
+# The _run kinds that exercise an op's kernels (LayerNorm's with and without a bias).
+_KINDS_OF = {
+    "softmax_fwd": ["softmax"],
+    "softmax_bwd": ["softmax"],
+    "rms_norm_fwd": ["rms_norm"],
+    "rms_norm_bwd": ["rms_norm"],
+    "layer_norm_fwd": ["layer_norm", "layer_norm_nobias"],
+    "layer_norm_bwd": ["layer_norm", "layer_norm_nobias"],
+}
 
 
 @gpu
@@ -239,9 +248,9 @@ def test_candidate_tiles_match_fp64_reference(calls, monkeypatch, op, tile, shap
     """The 16-bit tiles the probe times (more values a thread, or fewer registers) are as exact
     as the default ones."""
     monkeypatch.setattr(cluster_rows, "TILES", {op: {dtype: tile}})
-    kind = {"softmax_fwd": "softmax", "softmax_bwd": "softmax"}.get(op, op[: -len("_fwd")])
     x, w, b, dy = _inputs(shape, dtype, seed=1)
-    _check(kind, x * 4 if kind == "softmax" else x, w, b, dy)
+    for kind in _KINDS_OF[op]:
+        _check(kind, x * 4 if kind == "softmax" else x, w, b, dy)
     assert len(calls) == 2, calls
 
 
@@ -254,9 +263,16 @@ def test_persistent_forwards_match_fp64_reference(calls, monkeypatch, op, shape,
     alternating row by row) are as exact as the one-row kernels."""
     monkeypatch.setattr(cluster_rows, "TILES", {})
     monkeypatch.setattr(cluster_rows, "LOOP_FWD", {op: {dtype}})
-    kind = op[: -len("_fwd")]
     x, w, b, dy = _inputs(shape, dtype, seed=2)
-    _check(kind, x * 4 if kind == "softmax" else x, w, b, dy)
+    for kind in _KINDS_OF[op]:
+        x_in = x * 4 if kind == "softmax" else x
+        _check(kind, x_in, w, b, dy)  # a training forward: the norms save their statistics
+        with torch.no_grad():  # and without them (the kernels' STATS = false)
+            y, yr = (
+                _run(kind, x_in, w, b),
+                _run(kind, x_in.double(), w.double(), b.double(), ref=True),
+            )
+        assert (y.double() - yr).abs().max().item() <= TOL[dtype] * yr.abs().max().item()
     assert len(calls) == 2, calls
 
 

@@ -18,6 +18,8 @@
 // (a chunk's bytes) of rows, and 16-bit chunks are half as large, so the 16-bit forwards of
 // softmax and RMSNorm also build a larger tile (built(), below), and the 16-bit norms' backward
 // one of 32 values (with_bwd_tile), which scripts/gpu/cluster_rows_probe.py --tiles times.
+// (allow() opts in to dynamic shared memory past 48 KB; the backward's 32 KB and less plus its
+// static Scratch stay under the 48 KB a kernel gets without asking.)
 //
 // Kernels (T = float, __half or __nv_bfloat16; rows are 16-byte aligned vectors of T):
 //   norm_fwd   y = (x - mean) * rstd * w (+ b), and the row's mean and rstd (fp32) if STATS
@@ -31,10 +33,11 @@
 //   softmax_bwd  dx = y * (dy - sum(y * dy))
 //
 // A cluster's shared memory must outlive every read of it from other CTAs, so each kernel ends
-// with a cluster barrier (arrive right after the last remote read, wait just before exiting, so
-// the stores in between overlap it). The persistent backward reuses its partial-sum slots row after
-// row: two slots, alternating, are enough, because the barrier of row i + 1 is reached by every
-// thread only after its remote reads of row i.
+// with a cluster barrier (the one-row kernels arrive right after the last remote read and wait
+// just before exiting, so the stores in between overlap it; the persistent ones sync after their
+// last row). The persistent kernels reuse their partial-sum slots row after row: two slots,
+// alternating, are enough, because the barrier of row i + 1 is reached by every thread only after
+// its remote reads of row i.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -138,7 +141,7 @@ struct Max {
 
 // Shared memory of the reductions: per-warp values; this CTA's K values, read by the cluster; and
 // every CTA's K values, gathered from the cluster. `part` has two slots, which the persistent
-// backward alternates row by row: another CTA may still read this row's slot while this CTA writes
+// kernels alternate row by row: another CTA may still read this row's slot while this CTA writes
 // the next row's. `all` needs one: only this CTA reads it, and it is rewritten only after a
 // __syncthreads that follows every thread's reads of it (block_reduce's, then the cluster barrier).
 template <int K>

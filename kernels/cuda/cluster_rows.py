@@ -34,7 +34,8 @@ SOURCES = ["cluster_rows.cu"]
 THREADS = 256  # per CTA (cluster_rows.cu's THREADS)
 MAX_CLUSTER = 16  # CTAs per cluster: 8 is portable, an H100 allows 16
 # Values per thread: 32 (8,192 per CTA) for the forward kernels. The backward kernels hold two
-# chunks (x and dy, or y and dy) and use 16 (4,096 values per CTA); the norms' backward holds four
+# chunks (x and dy, or y and dy) and default to 16 (4,096 values per CTA; TILES names 32 for some
+# 16-bit ones); the norms' backward holds four
 # (this row's and the next's, in flight) and keeps its column sums in shared memory (16 KB a CTA at
 # 16, 32 KB with a bias; twice that at 32, its 16-bit tile in TILES).
 E_FWD = 32
@@ -66,35 +67,42 @@ CANDIDATE_TILES = {
 # softmax's backward 0.83 -> 0.91 / 0.83 -> 0.90; RMSNorm's backward 0.70 -> 0.79 / 0.70 -> 0.80;
 # LayerNorm's backward 0.61 -> 0.65 / 0.61 -> 0.67; softmax's forward 0.76 -> 0.79 / 0.75 -> 0.80;
 # RMSNorm's forward 0.87 -> 0.89 / 0.91 -> 0.90 (a tie; the 2026-12-05 run had 0.86 -> 0.89).
+# fp16 RMSNorm's forward keeps (64, 4) on the two runs' balance (0.89 against 0.86 on 2026-12-05,
+# 0.90 against 0.91 here). LayerNorm's backward at 32 waits: its build without a bias has not run
+# on a GPU yet (the candidate test ran it with one), and WINS keeps Triton there (below).
 TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
     "softmax_fwd": {torch.float16: (64, 4)},
     "softmax_bwd": {torch.bfloat16: (32, 0), torch.float16: (32, 0)},
     "rms_norm_fwd": {torch.bfloat16: (64, 4), torch.float16: (64, 4)},
     "rms_norm_bwd": {torch.bfloat16: (32, 0), torch.float16: (32, 0)},
-    "layer_norm_bwd": {torch.bfloat16: (32, 0), torch.float16: (32, 0)},
 }
 # The forwards can also run as persistent clusters, each walking rows c, c + G, ... with the next
 # row's chunk loading while it reduces, exchanges and writes this one (as the norms' backward
 # does): a chunk of 8,192 values a CTA in flight beside the one worked on, and no cluster launched
 # per row. Built for the tile (E_FWD, 0); it runs for the ops and dtypes named here, once
 # scripts/gpu/cluster_rows_probe.py --tiles (column ``loop``) has measured it faster. On the H100
-# it never has: one-row clusters -> persistent, same run as TILES' numbers, fp32 / bf16 / fp16:
+# it never has (bf16 LayerNorm tied): one-row clusters -> persistent, same run as TILES' numbers,
+# fp32 / bf16 / fp16:
 # softmax 0.95 -> 0.75 / 0.76 -> 0.72 / 0.75 -> 0.73, RMSNorm 0.93 -> 0.76 / 0.87 -> 0.79 /
 # 0.91 -> 0.80, LayerNorm 0.86 -> 0.77 / 0.66 -> 0.66 / 0.75 -> 0.60. Two rows in registers cost
-# CTAs an SM (fp32: 2 instead of 4-5), and one cluster's reduction and exchange then stall its SMs,
-# where one-row clusters let other CTAs load meanwhile. A GPU with more bandwidth an SM may differ.
+# CTAs an SM (ptxas, scripts/cluster_rows_ptxas.py --all: fp32 2 instead of 4-5); our reading is
+# that one cluster's reduction and exchange then stall its SMs, where one-row clusters let other
+# CTAs load meanwhile. A GPU with more bandwidth an SM may differ.
 LOOP_OPS = ("softmax_fwd", "rms_norm_fwd", "layer_norm_fwd")
 LOOP_FWD: dict[str, set[torch.dtype]] = {}
 # The ops and dtypes for which the cluster kernels beat the Triton ones, measured on an H100 at
 # 4,096 x 65,536 (scripts/gpu/cluster_rows_probe.py --tiles; fractions of the copy bandwidth,
-# cluster with TILES' tile / Triton, one run: results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-e32.txt).
+# cluster at its best tile / Triton, one run: results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-e32.txt).
 # fp32: softmax 0.95 / 0.73 forward, 0.93 / 0.62 backward; RMSNorm 0.93 / 0.67 and 0.90 / 0.59;
 # LayerNorm 0.86 / 0.67 and 0.83 / 0.59. bf16: softmax's backward 0.91 / 0.64, RMSNorm 0.89 / 0.71
-# and 0.79 / 0.59, LayerNorm's backward 0.65 / 0.58; softmax's forward (0.79 / 0.85) and
+# and 0.79 / 0.59; softmax's forward (0.79 at (64, 4), 0.76 at the default, / 0.85) and
 # LayerNorm's (0.66 / 0.66, a tie) keep Triton. fp16 as bf16, except both forwards: the Triton
 # softmax forward measures 0.66 (ptxas: 216 bytes of spill stores a thread against bf16's 80) and
 # the cluster kernel 0.80 with its candidate tile; the cluster LayerNorm forward 0.75 (6 CTAs an SM
-# at fp16's 36-40 registers, bf16's 48-63 hold 4-5) against Triton's 0.66.
+# at fp16's 36-40 registers, bf16's 48-63 hold 4-5) against Triton's 0.66. LayerNorm's 16-bit
+# backward measured 0.61 (0.65-0.67 at E 32) against Triton's 0.58 but keeps Triton: a thin margin
+# on one H100, and an H200 measured the cluster kernel at half Triton's speed there (0.29-0.31
+# against 0.59, 2026-12-05, before the exchange and E 32); WINS is one table for every Hopper GPU.
 _HALF = {torch.float16, torch.bfloat16}
 WINS = {
     "softmax_fwd": {torch.float32, torch.float16},
@@ -102,7 +110,7 @@ WINS = {
     "rms_norm_fwd": {torch.float32, *_HALF},
     "rms_norm_bwd": {torch.float32, *_HALF},
     "layer_norm_fwd": {torch.float32, torch.float16},
-    "layer_norm_bwd": {torch.float32, *_HALF},
+    "layer_norm_bwd": {torch.float32},
 }
 ENV = "GPU_BRRR_CLUSTER_ROWS"
 
@@ -222,7 +230,9 @@ def norm_backward(dy, x, weight, mean, rstd, has_bias: bool):
     """dx, dw, db (db None without a bias): one cluster kernel, then one launch of
     kernels.partial_sums for the columns' sums over the clusters' partial rows."""
     dy2 = _grad_rows(dy)
-    e = tile("rms_norm_bwd" if mean is None else "layer_norm_bwd", x)[0]
+    e, occ = tile("rms_norm_bwd" if mean is None else "layer_norm_bwd", x)
+    if occ:
+        raise ValueError(f"TILES: the norms' backward takes no occupancy target, got {occ}")
     dx, partials = module().cr_norm_bwd(dy2, rows_of(x), weight, mean, rstd, has_bias, e, 0)
     sums = partial_sums.sum_stacked(partials, weight.dtype)
     return dx.view(x.shape), sums[0], sums[1] if has_bias else None

@@ -89,8 +89,8 @@ def cluster_rows():
 
     if cr.unavailable_reason() is not None:
         return
-    # 256 rows of 16,392 columns: three CTAs a row forward (five backward), the last one mostly
-    # padding. The kernels' reach is widened to every op and to these rows, which they would not
+    # 256 rows of 16,392 columns: three CTAs a row forward (five backward at E 16, three at 32),
+    # the last one mostly padding. The kernels' reach is widened to every op and to these rows, which they would not
     # otherwise be used for (kernels.rows.CLUSTER_ABOVE_COLS, CLUSTER_MIN_ROWS and cr.WINS).
     keep = rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS, cr.TILES, cr.LOOP_FWD
     rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS = 8192, 1
