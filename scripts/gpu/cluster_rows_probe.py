@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
 
-from kernels import roofline, rows, shapes
-from kernels.cuda import cluster_rows
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from kernels import roofline, rows, shapes  # noqa: E402
+from kernels.cuda import cluster_rows  # noqa: E402
 
 CALLS = {}
 

@@ -13,13 +13,15 @@ results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-fa-bwd-tiles.txt; page 4.12 re
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels import flash_attention as fa
-from kernels.launch import cdiv
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from kernels import flash_attention as fa  # noqa: E402
+from kernels.launch import cdiv  # noqa: E402
 
 B, H = 2, 16
 # (BN, BM, warps, stages): the tuned candidates and their neighbours, and at d = 64 one more. An

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from kernels import bench, device
-from kernels import flash_attention as fa
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from kernels import bench, device  # noqa: E402
+from kernels import flash_attention as fa  # noqa: E402
 
 DTYPE = torch.bfloat16
 HEADS, D = 16, 128

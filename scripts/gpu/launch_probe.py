@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 import triton
 
-from kernels import bench, launch, mla, norms, paged_attention, quant, shapes, softmax
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from kernels import bench, launch, mla, norms, paged_attention, quant, shapes, softmax  # noqa: E402
 
 DEV = "cuda"
 BF16 = torch.bfloat16

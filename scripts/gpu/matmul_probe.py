@@ -18,10 +18,12 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from kernels import bench, device, matmul
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from kernels import bench, device, matmul  # noqa: E402
 
 T0 = time.time()
 

@@ -27,11 +27,14 @@ shapes (the CPU test runs it in the interpreter).
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from kernels import bench, device, launch, norms, partial_sums, shapes
-from kernels.launch import cdiv
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from kernels import bench, device, launch, norms, partial_sums, shapes  # noqa: E402
+from kernels.launch import cdiv  # noqa: E402
 
 SHAPES = [(64, 1024), (512, 1024), (512, 4096), (512, 8192), (4096, 1024), (4096, 4096)]
 SMOKE_SHAPES = [

@@ -27,11 +27,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
+from pathlib import Path
 
 import torch
 
-from kernels import bench, device, norms, roofline, shapes
-from kernels.launch import sm_count
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from kernels import bench, device, norms, roofline, shapes  # noqa: E402
+from kernels.launch import sm_count  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FWD_SHAPE, SMOKE_FWD = (4096, 65536), (6, 300)

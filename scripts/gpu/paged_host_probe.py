@@ -17,12 +17,15 @@ path's whole call says what is left (Python's own calls and attribute lookups).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from kernels import _validate, device, launch, replay, shapes
-from kernels import paged_attention as pa
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from kernels import _validate, device, launch, replay, shapes  # noqa: E402
+from kernels import paged_attention as pa  # noqa: E402
 
 
 def cpu_us(fn, calls: int) -> float:

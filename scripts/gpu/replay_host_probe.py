@@ -24,13 +24,16 @@ the least of the three.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
 
-from kernels import bench, norms, replay, shapes, softmax
-from kernels import flash_attention as fa
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from kernels import bench, norms, replay, shapes, softmax  # noqa: E402
+from kernels import flash_attention as fa  # noqa: E402
 
 SHAPES = [(1, 4096), (8, 4096), (64, 1024), (4096, 1024)]
 # [B, H, N, D]: one 128-token sequence at both head dims, a batch of eight, one tiny head.

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 import triton
 
-from kernels import norms, roofline, shapes, softmax, vector_add
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from kernels import norms, roofline, shapes, softmax, vector_add  # noqa: E402
 
 DEV = "cuda"
 

@@ -19,9 +19,12 @@ times, in alternation, four ways:
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-from kernels import bench, device, shapes
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+from kernels import bench, device, shapes  # noqa: E402
 
 ROUNDS = 5
 
