@@ -1,7 +1,7 @@
 """kernels.cuda.cluster_rows: softmax and the norms on rows split across a thread-block cluster.
 
-On a CPU: which layouts the cluster path takes (kernels.rows.cluster_path) and, where nvcc is
-installed, that the kernels compile for sm_90. On a Hopper GPU: every kernel against an fp64
+On a CPU: which layouts the cluster path takes (kernels.rows.cluster_path), which tile and loop
+flag reach the extension and, where nvcc is installed, that the kernels compile for sm_90. On a Hopper GPU: every kernel against an fp64
 PyTorch reference, forward and backward, on widths that are and are not a multiple of a CTA's
 chunk, with strided and expanded inputs, and a layout that must fall back to Triton."""
 
@@ -73,6 +73,65 @@ def test_tiles_default_to_e_fwd_and_e_bwd_until_measured(monkeypatch):
     monkeypatch.setattr(cluster_rows, "TILES", {"softmax_fwd": {torch.bfloat16: (64, 4)}})
     assert cluster_rows.tile("softmax_fwd", bf16) == (64, 4)
     assert cluster_rows.tile("softmax_fwd", bf16.half()) == (cluster_rows.E_FWD, 0)  # per dtype
+
+
+class _FakeExtension:
+    """The built extension's four entry points, recording the tile and loop flag each receives."""
+
+    def __init__(self):
+        self.seen = []
+
+    def cr_norm_fwd(self, x, w, b, eps, rms, stats, e, occ, loop):
+        self.seen.append(("norm_fwd", e, occ, loop))
+        return torch.empty_like(x), torch.empty(0), torch.empty(0)
+
+    def cr_norm_bwd(self, dy, x, w, mean, rstd, bias, e, clusters):
+        self.seen.append(("norm_bwd", e))
+        return torch.empty_like(x), torch.zeros(2 if bias else 1, 1, x.shape[1])
+
+    def cr_softmax_fwd(self, x, e, occ, loop):
+        self.seen.append(("softmax_fwd", e, occ, loop))
+        return torch.empty_like(x)
+
+    def cr_softmax_bwd(self, y, dy, e, occ):
+        self.seen.append(("softmax_bwd", e, occ))
+        return torch.empty_like(y)
+
+
+def test_entry_points_pass_the_tile_and_loop_flag_they_choose(monkeypatch):
+    """What TILES and LOOP_FWD name reaches the extension (the GPU tests check the kernels' values,
+    which a wrong tile would not change)."""
+    fake = _FakeExtension()
+    monkeypatch.setattr(cluster_rows, "module", lambda: fake)
+    monkeypatch.setattr(
+        cluster_rows.partial_sums, "sum_stacked", lambda p, dtype: p.sum(1).to(dtype)
+    )
+    monkeypatch.setattr(
+        cluster_rows,
+        "TILES",
+        {"rms_norm_bwd": {torch.bfloat16: (32, 0)}, "softmax_fwd": {torch.float16: (64, 4)}},
+    )
+    monkeypatch.setattr(cluster_rows, "LOOP_FWD", {"rms_norm_fwd": {torch.bfloat16}})
+    x = torch.randn(4, 1024).bfloat16()
+    w, r = torch.ones(1024, dtype=torch.bfloat16), torch.ones(4)
+    cluster_rows.norm_backward(x, x, w, None, r, False)  # RMSNorm: TILES' 32
+    cluster_rows.norm_backward(x, x, w, r, r, True)  # LayerNorm: the default
+    cluster_rows.norm_forward(x, w, None, 1e-6, True)  # LOOP_FWD names bf16 RMSNorm
+    cluster_rows.norm_forward(x, w, None, 1e-5, False)  # not LayerNorm
+    cluster_rows.softmax_forward(x.half())  # TILES' (64, 4): no persistent build
+    cluster_rows.softmax_backward(x, x)
+    e_f, e_b = cluster_rows.E_FWD, cluster_rows.E_BWD
+    assert fake.seen == [
+        ("norm_bwd", 32),
+        ("norm_bwd", e_b),
+        ("norm_fwd", e_f, 0, True),
+        ("norm_fwd", e_f, 0, False),
+        ("softmax_fwd", 64, 4, False),
+        ("softmax_bwd", e_b, 0),
+    ]
+    monkeypatch.setattr(cluster_rows, "TILES", {"rms_norm_bwd": {torch.bfloat16: (64, 4)}})
+    with pytest.raises(ValueError, match="occupancy target"):
+        cluster_rows.norm_backward(x, x, w, None, r, False)
 
 
 def test_rows_must_be_aligned_whole_vectors():
