@@ -2,8 +2,9 @@
 compiler alone (no GPU): nvcc compiles kernels/cuda/cluster_rows.cu for sm_90 with ``-Xptxas -v``,
 and for each kernel this prints the registers a thread, the spills, the CTAs an SM can hold by
 registers (kernels.launch.blocks_per_sm: 256 threads a CTA, registers allocated 8 a thread at a
-time, 65,536 an SM, at most 8 CTAs of 256 threads), a CTA's chunks in KB, and the bytes of rows an SM holds in registers at once
-(CTAs x chunks): for the norms' backward half of that is the next row, in flight while a row is worked on.
+time, 65,536 an SM, at most 8 CTAs of 256 threads), a CTA's chunks in KB, and the bytes of rows
+an SM holds in registers at once (CTAs x chunks): for the norms' backward and the persistent
+forwards half of that is the next row, in flight while a row is worked on.
 
     python scripts/cluster_rows_ptxas.py [--all]    # the tiles in use and the candidates; --all: every one
 
@@ -87,7 +88,8 @@ def _describe(rec: dict) -> dict:
 
 def ctas_per_sm(registers: int) -> int:
     """CTAs an SM holds by threads and registers (shared memory does not bind: a few hundred
-    bytes a CTA; the norms' backward's column sums, 16-64 KB, fit beside the 2-3 CTAs its registers allow)."""
+    bytes a CTA; the norms' backward's column sums, 16-64 KB, fit beside the 2-3 CTAs its
+    registers allow)."""
     return blocks_per_sm(THREADS, registers)
 
 

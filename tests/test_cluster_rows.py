@@ -1,7 +1,8 @@
 """kernels.cuda.cluster_rows: softmax and the norms on rows split across a thread-block cluster.
 
 On a CPU: which layouts the cluster path takes (kernels.rows.cluster_path), which tile and loop
-flag reach the extension and, where nvcc is installed, that the kernels compile for sm_90. On a Hopper GPU: every kernel against an fp64
+flag reach the extension and, where nvcc is installed, that the kernels compile for sm_90. On a
+Hopper GPU: every kernel against an fp64
 PyTorch reference, forward and backward, on widths that are and are not a multiple of a CTA's
 chunk, with strided and expanded inputs, and a layout that must fall back to Triton."""
 
@@ -235,12 +236,16 @@ def _check(kind, x, w, b, dy):
     y.backward(dy)
     yr = _run(kind, *refs, ref=True)
     yr.backward(dy.double())
-    tol = TOL[x.dtype]
     pairs = [(y, yr)] + [(t.grad, r.grad) for t, r in zip(leaves, refs) if r.grad is not None]
     for got, want in pairs:
-        assert got is not None and torch.isfinite(got).all()
-        err = (got.double() - want).abs().max().item()
-        assert err <= tol * want.abs().max().item() + 1e-30, (kind, got.shape, err)
+        _assert_close(got, want, x.dtype, kind)
+
+
+def _assert_close(got, want, dtype, what=""):
+    """got within TOL[dtype] of the fp64 reference want, relative to want's largest value."""
+    assert got is not None and torch.isfinite(got).all(), what
+    err = (got.double() - want).abs().max().item()
+    assert err <= TOL[dtype] * want.abs().max().item() + 1e-30, (what, got.shape, err)
 
 
 def _inputs(shape, dtype, seed=0):
@@ -281,9 +286,8 @@ def test_strided_rows_and_a_broadcast_gradient(calls, kind):
     xr = x.detach().double().requires_grad_()
     yr = _run(kind, xr, w.double(), b.double(), ref=True)
     (yr * c.double()).sum().backward()
-    tol = TOL[x.dtype]
-    assert (y.double() - yr).abs().max().item() <= tol * yr.abs().max().item()
-    assert (x.grad.double() - xr.grad).abs().max().item() <= tol * xr.grad.abs().max().item()
+    _assert_close(y, yr, x.dtype, kind)
+    _assert_close(x.grad, xr.grad, x.dtype, kind)
     assert len(calls) == 2, calls
 
 
@@ -331,7 +335,7 @@ def test_persistent_forwards_match_fp64_reference(calls, monkeypatch, op, shape,
                 _run(kind, x_in, w, b),
                 _run(kind, x_in.double(), w.double(), b.double(), ref=True),
             )
-        assert (y.double() - yr).abs().max().item() <= TOL[dtype] * yr.abs().max().item()
+        _assert_close(y, yr, dtype, kind)
     assert len(calls) == 2, calls
 
 

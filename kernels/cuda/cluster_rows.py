@@ -35,9 +35,8 @@ THREADS = 256  # per CTA (cluster_rows.cu's THREADS)
 MAX_CLUSTER = 16  # CTAs per cluster: 8 is portable, an H100 allows 16
 # Values per thread: 32 (8,192 per CTA) for the forward kernels. The backward kernels hold two
 # chunks (x and dy, or y and dy) and default to 16 (4,096 values per CTA; TILES names 32 for some
-# 16-bit ones); the norms' backward holds four
-# (this row's and the next's, in flight) and keeps its column sums in shared memory (16 KB a CTA at
-# 16, 32 KB with a bias; twice that at 32, its 16-bit tile in TILES).
+# 16-bit ones); the norms' backward holds four (this row's and the next's, in flight) and keeps its
+# column sums in shared memory (16 KB a CTA at 16, 32 KB with a bias; twice that at 32).
 E_FWD = 32
 E_BWD = 16
 # The norms' backward once held each row in registers, with nothing in flight while a row was
@@ -82,9 +81,8 @@ TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
 # per row. Built for the tile (E_FWD, 0); it runs for the ops and dtypes named here, once
 # scripts/gpu/cluster_rows_probe.py --tiles (column ``loop``) has measured it faster. On the H100
 # it never has (bf16 LayerNorm tied): one-row clusters -> persistent, same run as TILES' numbers,
-# fp32 / bf16 / fp16:
-# softmax 0.95 -> 0.75 / 0.76 -> 0.72 / 0.75 -> 0.73, RMSNorm 0.93 -> 0.76 / 0.87 -> 0.79 /
-# 0.91 -> 0.80, LayerNorm 0.86 -> 0.77 / 0.66 -> 0.66 / 0.75 -> 0.60. Two rows in registers cost
+# fp32 / bf16 / fp16: softmax 0.95 -> 0.75 / 0.76 -> 0.72 / 0.75 -> 0.73, RMSNorm 0.93 -> 0.76 /
+# 0.87 -> 0.79 / 0.91 -> 0.80, LayerNorm 0.86 -> 0.77 / 0.66 -> 0.66 / 0.75 -> 0.60. Two rows in registers cost
 # CTAs an SM (ptxas, scripts/cluster_rows_ptxas.py --all: fp32 2 instead of 4-5); our reading is
 # that one cluster's reduction and exchange then stall its SMs, where one-row clusters let other
 # CTAs load meanwhile. A GPU with more bandwidth an SM may differ.
@@ -92,7 +90,8 @@ LOOP_OPS = ("softmax_fwd", "rms_norm_fwd", "layer_norm_fwd")
 LOOP_FWD: dict[str, set[torch.dtype]] = {}
 # The ops and dtypes for which the cluster kernels beat the Triton ones, measured on an H100 at
 # 4,096 x 65,536 (scripts/gpu/cluster_rows_probe.py --tiles; fractions of the copy bandwidth,
-# cluster at its best tile / Triton, one run: results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-e32.txt).
+# cluster at its best tile / Triton, one run:
+# results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-e32.txt).
 # fp32: softmax 0.95 / 0.73 forward, 0.93 / 0.62 backward; RMSNorm 0.93 / 0.67 and 0.90 / 0.59;
 # LayerNorm 0.86 / 0.67 and 0.83 / 0.59. bf16: softmax's backward 0.91 / 0.64, RMSNorm 0.89 / 0.71
 # and 0.79 / 0.59; softmax's forward (0.79 at (64, 4), 0.76 at the default, / 0.85) and

@@ -90,9 +90,11 @@ def cluster_rows():
     if cr.unavailable_reason() is not None:
         return
     # 256 rows of 16,392 columns: three CTAs a row forward (five backward at E 16, three at 32),
-    # the last one mostly padding. The kernels' reach is widened to every op and to these rows, which they would not
-    # otherwise be used for (kernels.rows.CLUSTER_ABOVE_COLS, CLUSTER_MIN_ROWS and cr.WINS).
-    keep = rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS, cr.TILES, cr.LOOP_FWD
+    # the last one mostly padding. The kernels' reach is widened to every op and to these rows,
+    # which they would not otherwise be used for (kernels.rows.CLUSTER_ABOVE_COLS,
+    # CLUSTER_MIN_ROWS and cr.WINS).
+    keep = rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS
+    keep_cr = cr.WINS, cr.TILES, cr.LOOP_FWD
     rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS = 8192, 1
     cr.WINS = {op: set(rows_mod.SUPPORTED_DTYPES) for op in cr.WINS}
     try:
@@ -106,8 +108,8 @@ def cluster_rows():
         cr.TILES, cr.LOOP_FWD = {}, {op: {torch.float16} for op in cr.LOOP_OPS}
         _cluster_rows(cr, norms, softmax, 256, 16_392)
     finally:
-        rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS, cr.WINS, cr.TILES = keep[:4]
-        cr.LOOP_FWD = keep[4]
+        rows_mod.CLUSTER_ABOVE_COLS, rows_mod.CLUSTER_MIN_ROWS = keep
+        cr.WINS, cr.TILES, cr.LOOP_FWD = keep_cr
 
 
 def _cluster_rows(cr, norms, softmax, rows, cols):
