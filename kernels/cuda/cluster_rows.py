@@ -82,10 +82,10 @@ TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
 # scripts/gpu/cluster_rows_probe.py --tiles (column ``loop``) has measured it faster. On the H100
 # it never has (bf16 LayerNorm tied): one-row clusters -> persistent, same run as TILES' numbers,
 # fp32 / bf16 / fp16: softmax 0.95 -> 0.75 / 0.76 -> 0.72 / 0.75 -> 0.73, RMSNorm 0.93 -> 0.76 /
-# 0.87 -> 0.79 / 0.91 -> 0.80, LayerNorm 0.86 -> 0.77 / 0.66 -> 0.66 / 0.75 -> 0.60. Two rows in registers cost
-# CTAs an SM (ptxas, scripts/cluster_rows_ptxas.py --all: fp32 2 instead of 4-5); our reading is
-# that one cluster's reduction and exchange then stall its SMs, where one-row clusters let other
-# CTAs load meanwhile. A GPU with more bandwidth an SM may differ.
+# 0.87 -> 0.79 / 0.91 -> 0.80, LayerNorm 0.86 -> 0.77 / 0.66 -> 0.66 / 0.75 -> 0.60. Two rows in
+# registers cost CTAs an SM (ptxas, scripts/cluster_rows_ptxas.py --all: fp32 2 instead of 4-5);
+# our reading is that one cluster's reduction and exchange then stall its SMs, where one-row
+# clusters let other CTAs load meanwhile. A GPU with more bandwidth an SM may differ.
 LOOP_OPS = ("softmax_fwd", "rms_norm_fwd", "layer_norm_fwd")
 LOOP_FWD: dict[str, set[torch.dtype]] = {}
 # The ops and dtypes for which the cluster kernels beat the Triton ones, measured on an H100 at
