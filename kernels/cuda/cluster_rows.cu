@@ -18,8 +18,7 @@
 // (a chunk's bytes) of rows, and 16-bit chunks are half as large, so the 16-bit forwards of
 // softmax and RMSNorm also build a larger tile (built(), below), and the 16-bit norms' backward
 // one of 32 values (with_bwd_tile), which scripts/gpu/cluster_rows_probe.py --tiles times.
-// (allow() opts in to dynamic shared memory past 48 KB; the backward's 32 KB and less plus its
-// static Scratch stay under the 48 KB a kernel gets without asking.)
+// (The backward keeps its column sums in dynamic shared memory, which allow() asks for.)
 //
 // Kernels (T = float, __half or __nv_bfloat16; rows are 16-byte aligned vectors of T):
 //   norm_fwd   y = (x - mean) * rstd * w (+ b), and the row's mean and rstd (fp32) if STATS
@@ -599,13 +598,15 @@ __global__ void __launch_bounds__(THREADS, OCC) softmax_bwd(const T* __restrict_
 
 enum DType { F32 = 0, F16 = 1, BF16 = 2 };
 
-// Let `kernel` run in clusters of `cluster` CTAs with `smem` bytes of dynamic shared memory (past
-// the portable 8 CTAs and 48 KB, both must be asked for). False if the driver refused.
+// Let `kernel` run in clusters of `cluster` CTAs with `smem` bytes of dynamic shared memory. Past
+// the portable 8 CTAs the cluster size must be asked for; so must dynamic shared memory whenever
+// it and the kernel's static shared memory together pass 48 KB, so any is asked for (the attribute
+// then holds exactly `smem`). False if the driver refused (cudaGetLastError says why).
 template <typename... P>
 bool allow(void (*kernel)(P...), int cluster, int smem) {
   if (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
     return false;
-  return smem <= 48 * 1024 ||
+  return smem == 0 ||
          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess;
 }
 
@@ -630,12 +631,12 @@ const char* launch(void (*kernel)(P...), int grid, int cluster, int smem, cudaSt
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-// Clusters of `cluster` CTAs of `kernel` that fit on the GPU at once (0 if none: the caller must
-// not launch the persistent kernel then).
+// Clusters of `cluster` CTAs of `kernel` that fit on the GPU at once. 0 if none, with `why` set
+// to the CUDA error or the reason: the caller must not launch the persistent kernel then.
 template <typename... P>
-int max_clusters(void (*kernel)(P...), int cluster, int smem) {
+int max_clusters(void (*kernel)(P...), int cluster, int smem, const char*& why) {
   if (!allow(kernel, cluster, smem)) {
-    (void)cudaGetLastError();
+    why = cudaGetErrorString(cudaGetLastError());
     return 0;
   }
   cudaLaunchConfig_t cfg = {};
@@ -650,10 +651,13 @@ int max_clusters(void (*kernel)(P...), int cluster, int smem) {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+  const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+  if (err != cudaSuccess) {
     (void)cudaGetLastError();
+    why = cudaGetErrorString(err);
     return 0;
   }
+  if (n <= 0) why = "no cluster of this size fits on the GPU";
   return n;
 }
 
@@ -713,8 +717,9 @@ const char* launch_rows(Pick pick, bool loop, int rows, int cl, cudaStream_t st,
   if (!loop) return launch(pick(std::false_type{}), rows * cl, cl, 0, st, args...);
   if constexpr (CAN_LOOP) {
     auto kernel = pick(std::true_type{});
-    const int g = std::min(max_clusters(kernel, cl, 0), rows);
-    if (g <= 0) return "no cluster of this size fits on the GPU";
+    const char* why = nullptr;
+    const int g = std::min(max_clusters(kernel, cl, 0, why), rows);
+    if (g <= 0) return why;
     return launch(kernel, g * cl, cl, 0, st, args...);
   } else {
     return "the persistent forwards are built for tile (32, 0) only";
@@ -790,15 +795,16 @@ const char* norm_bwd_launch(int dt, int e, bool rms, bool bias, const void* dy, 
 }
 
 // Clusters the backward would launch (so the caller can size dw_part and db_part first); 0 if none
-// fits or the tile is not built.
-int norm_bwd_clusters(int dt, int e, bool rms, bool bias, int n) {
+// fits or the tile is not built, with `why` set to the reason.
+int norm_bwd_clusters(int dt, int e, bool rms, bool bias, int n, const char*& why) {
   const int cl = cluster_for(n, e);
   int g = 0;
   const char* err = nullptr;
   CR_DTYPES(dt, {
-    auto fit = [&](auto kernel, int smem) { g = max_clusters(kernel, cl, smem); };
+    auto fit = [&](auto kernel, int smem) { g = max_clusters(kernel, cl, smem, why); };
     CR_NORM_BWD_TILE(fit)
   })
+  if (err) why = err;
   return err ? 0 : g;
 }
 

@@ -87,9 +87,10 @@ std::vector<torch::Tensor> cr_norm_bwd(torch::Tensor dy, torch::Tensor x, torch:
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   const int rows = static_cast<int>(x.size(0)), n = static_cast<int>(x.size(1));
   const int dt = dtype_code(x);
+  const char* why = "no cluster of this size fits on the GPU";
   int g = clusters > 0 ? static_cast<int>(clusters)
-                       : cluster_rows::norm_bwd_clusters(dt, static_cast<int>(e), rms, bias, n);
-  TORCH_CHECK(g > 0, "cluster_rows: no cluster of this size fits on the GPU");
+                       : cluster_rows::norm_bwd_clusters(dt, static_cast<int>(e), rms, bias, n, why);
+  TORCH_CHECK(g > 0, "cluster_rows: the backward cannot launch: ", why);
   if (g > rows) g = rows;
   auto dx = torch::empty_like(x, torch::MemoryFormat::Contiguous);
   auto partials = torch::empty({bias ? 2 : 1, std::max(g, 1), n}, x.options().dtype(torch::kFloat32));
