@@ -389,7 +389,9 @@ __global__ void __launch_bounds__(THREADS, bwd_ctas<T, E>())
   // The weights: held in registers at E = 16; at E = 32, where four chunks of rows fill them, each
   // pass re-reads its vector of weights through the L1 cache (16 KB a CTA, read by every row).
   constexpr bool HOLD_W = E == 16;
-  F wv, xa, ga, xb, gb;
+  struct NoWeights {};
+  std::conditional_t<HOLD_W, F, NoWeights> wv;
+  F xa, ga, xb, gb;
   if constexpr (HOLD_W) wv.template load<false>(w, c0, n);
   auto weights = [&](int i) -> uint4 {
     if constexpr (HOLD_W) return wv.raw[i];
