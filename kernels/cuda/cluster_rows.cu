@@ -75,10 +75,13 @@ struct Cols {
 };
 
 // The chunk as loaded, 16 bytes a vector: a 16-bit type keeps two values per register, half the
-// registers of fp32 copies of its values. (The compiler may still keep converted copies across the
-// passes over the chunk: bf16 LayerNorm's forward with a bias takes 63 registers at E = 32, fp16's
-// 40.) at(i, j) converts one value to fp32. Columns at or past n load as zero bits (the caller
-// masks them where zero is not neutral).
+// registers of fp32 copies of its values. at(i, j) converts one value to fp32. A bf16 value is the
+// top half of an fp32, so at() makes it from the 32-bit word with one shift or mask: converted from
+// 16-bit halves instead, the compiler kept each half in a register of its own across the passes
+// over the chunk (ptxas, sm_90: bf16 LayerNorm's forward with a bias at E = 32, 63 registers -> 46;
+// RMSNorm's 40 -> 32, as fp16's). at<false>: through the halves, which the norms' backward keeps
+// (with words its E = 16 LayerNorm build spills at 3 CTAs an SM). Columns at or past n load as
+// zero bits (the caller masks them where zero is not neutral).
 template <typename T, int E>
 struct Packed : Cols<T, E> {
   using Cols<T, E>::N;
@@ -97,7 +100,15 @@ struct Packed : Cols<T, E> {
         raw[i] = c < n ? __ldg(reinterpret_cast<const uint4*>(row + c)) : make_uint4(0, 0, 0, 0);
     }
   }
-  __device__ __forceinline__ float at(int i, int j) const { return to_f(reinterpret_cast<const T*>(&raw[i])[j]); }
+  template <bool WORDS = true>
+  __device__ __forceinline__ float at(int i, int j) const {
+    if constexpr (WORDS && std::is_same_v<T, __nv_bfloat16>) {
+      const uint32_t u = reinterpret_cast<const uint32_t*>(&raw[i])[j >> 1];
+      return __uint_as_float((j & 1) ? (u & 0xffff0000u) : (u << 16));
+    } else {
+      return to_f(reinterpret_cast<const T*>(&raw[i])[j]);
+    }
+  }
 };
 
 template <typename T, int V>
@@ -421,7 +432,8 @@ __global__ void __launch_bounds__(THREADS, bwd_ctas<T, E>())
       const uint4 wr = weights(i);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float h = (xa.at(i, j) - mu) * rs, g = ga.at(i, j) * to_f(reinterpret_cast<const T*>(&wr)[j]);
+        const float h = (xa.template at<false>(i, j) - mu) * rs;
+        const float g = ga.template at<false>(i, j) * to_f(reinterpret_cast<const T*>(&wr)[j]);
         acc[0] += g * h;
         if constexpr (!RMS) acc[K - 1] += g;
       }
@@ -436,8 +448,8 @@ __global__ void __launch_bounds__(THREADS, bwd_ctas<T, E>())
       const uint4 wr = weights(i);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        h[j] = (xa.at(i, j) - mu) * rs;
-        d[j] = ga.at(i, j);
+        h[j] = (xa.template at<false>(i, j) - mu) * rs;
+        d[j] = ga.template at<false>(i, j);
         o[j] = rs * (d[j] * to_f(reinterpret_cast<const T*>(&wr)[j]) - h[j] * c1 - c2);
       }
       store_vec<T, V>(dx + row * sdx + c, o);
@@ -676,7 +688,7 @@ inline int cluster_for(int n, int e) { return (n + e * THREADS - 1) / (e * THREA
 
 // The tiles (E, OCC) built for the packed kernels: (16, 0) and (32, 0) everywhere, and for 16-bit
 // types a tile that holds more bytes in flight without spilling (ptxas -v, sm_90): 64 values a
-// thread in 64 registers (4 CTAs an SM, 32 KB each) for softmax's and RMSNorm's forward
+// thread in 64 registers (4 CTAs an SM, 32 KB each) for the three forwards
 // (scripts/cluster_rows_ptxas.py prints the table). Softmax's backward at 32 values takes 80
 // registers (3 CTAs, two chunks each) at the compiler's own choice, so it needs no cap.
 enum Kind { SOFTMAX_FWD, SOFTMAX_BWD, RMS_FWD, LAYER_FWD };
@@ -684,7 +696,7 @@ template <int KIND, typename T, int E, int OCC>
 constexpr bool built() {
   if (OCC == 0) return E == 16 || E == 32;
   if (sizeof(T) != 2) return false;
-  return (KIND == SOFTMAX_FWD || KIND == RMS_FWD) && E == 64 && OCC == 4;
+  return E == 64 && OCC == 4 && KIND != SOFTMAX_BWD;
 }
 constexpr const char* TILE_MISSING = "no kernel is built for this (e, occ) tile and dtype";
 // body(E, OCC) as std::integral_constants if the tile is built: a generic lambda's body is then

@@ -54,7 +54,8 @@ E_BWD = 16
 # (op -> dtype -> tile), once scripts/gpu/cluster_rows_probe.py --tiles has measured it faster.
 CANDIDATE_TILES = {
     "softmax_fwd": [(64, 4)],  # 64 registers: 4 CTAs x 32 KB (default: 5 x 16 KB)
-    "rms_norm_fwd": [(64, 4)],  # 4 x 32 KB (default: bf16 6 x 16 KB, fp16 8 x 16 KB)
+    "rms_norm_fwd": [(64, 4)],  # 4 x 32 KB (default: 8 x 16 KB)
+    "layer_norm_fwd": [(64, 4)],  # 61-64 registers: 4 x 32 KB (default: 5-6 x 16 KB)
     "softmax_bwd": [(32, 0)],  # 80 registers: 3 x 2 x 16 KB (default E 16: 5 x 2 x 8 KB)
     # 123-128 registers (weights re-read from L1 each pass), 2 CTAs an SM with 32 KB of the next
     # row in flight each, 8 CTAs a row at 65,536 (default E 16: 3 x 16 KB, 16 CTAs a row)
