@@ -52,8 +52,8 @@ def test_only_measured_wins_take_the_cluster(monkeypatch):
     def takes(x, op, n_rows=2048):
         return rows.cluster_path(x, n_rows, op) is cluster_rows
 
-    assert takes(bf16, "rms_norm_fwd") and takes(bf16, "softmax_bwd")
-    assert not takes(bf16, "layer_norm_fwd") and not takes(bf16, "softmax_fwd")
+    assert takes(bf16, "rms_norm_fwd") and takes(bf16, "layer_norm_fwd")
+    assert not takes(bf16, "layer_norm_bwd") and not takes(bf16, "softmax_fwd")
     assert takes(bf16.half(), "softmax_fwd") and takes(bf16.half(), "layer_norm_fwd")
     assert all(takes(fp32, op) for op in cluster_rows.WINS)
     assert not takes(fp32, "rms_norm_fwd", n_rows=512)  # too few rows

@@ -62,18 +62,18 @@ CANDIDATE_TILES = {
     "rms_norm_bwd": [(32, 0)],
     "layer_norm_bwd": [(32, 0)],
 }
-# Measured on an H100 at 4,096 x 65,536, one run, fractions of the copy bandwidth, bf16 / fp16,
-# default tile -> candidate (results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-e32.txt):
-# softmax's backward 0.83 -> 0.91 / 0.83 -> 0.90; RMSNorm's backward 0.70 -> 0.79 / 0.70 -> 0.80;
-# LayerNorm's backward 0.61 -> 0.65 / 0.61 -> 0.67; softmax's forward 0.76 -> 0.79 / 0.75 -> 0.80;
-# RMSNorm's forward 0.87 -> 0.89 / 0.91 -> 0.90 (a tie; the 2026-12-05 run had 0.86 -> 0.89).
-# fp16 RMSNorm's forward keeps (64, 4) on the two runs' balance (0.89 against 0.86 on 2026-12-05,
-# 0.90 against 0.91 here). LayerNorm's backward at 32 waits: its build without a bias has not run
-# on a GPU yet (the candidate test ran it with one), and WINS keeps Triton there (below).
+# Measured on an H100 at 4,096 x 65,536, fractions of the copy bandwidth, bf16 / fp16, default tile
+# -> candidate (results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-bf16-words.txt, two runs
+# agreeing within 0.002): softmax's backward 0.83 -> 0.91 / 0.82 -> 0.91; RMSNorm's backward 0.69 ->
+# 0.80 / 0.70 -> 0.82; LayerNorm's backward 0.61 -> 0.65 / 0.61 -> 0.67; softmax's forward 0.74 ->
+# 0.79 / 0.74 -> 0.79; LayerNorm's forward 0.68 -> 0.83 / 0.73 -> 0.83; RMSNorm's forward 0.90 ->
+# 0.89 / 0.90 -> 0.89, so it keeps the default, which bf16 values converted from 32-bit words
+# brought to 32 registers (8 CTAs an SM; 0.87 at 40 registers before). LayerNorm's backward at 32
+# waits (WINS keeps Triton there, below).
 TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
     "softmax_fwd": {torch.float16: (64, 4)},
     "softmax_bwd": {torch.bfloat16: (32, 0), torch.float16: (32, 0)},
-    "rms_norm_fwd": {torch.bfloat16: (64, 4), torch.float16: (64, 4)},
+    "layer_norm_fwd": {torch.bfloat16: (64, 4), torch.float16: (64, 4)},
     "rms_norm_bwd": {torch.bfloat16: (32, 0), torch.float16: (32, 0)},
 }
 # The forwards can also run as persistent clusters, each walking rows c, c + G, ... with the next
@@ -91,25 +91,24 @@ LOOP_OPS = ("softmax_fwd", "rms_norm_fwd", "layer_norm_fwd")
 LOOP_FWD: dict[str, set[torch.dtype]] = {}
 # The ops and dtypes for which the cluster kernels beat the Triton ones, measured on an H100 at
 # 4,096 x 65,536 (scripts/gpu/cluster_rows_probe.py --tiles; fractions of the copy bandwidth,
-# cluster at its best tile / Triton, one run:
-# results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-e32.txt).
-# fp32: softmax 0.95 / 0.73 forward, 0.93 / 0.62 backward; RMSNorm 0.93 / 0.67 and 0.90 / 0.59;
-# LayerNorm 0.86 / 0.67 and 0.83 / 0.59. bf16: softmax's backward 0.91 / 0.64, RMSNorm 0.89 / 0.71
-# and 0.79 / 0.59; softmax's forward (0.79 at (64, 4), 0.76 at the default, / 0.85) and
-# LayerNorm's (0.66 / 0.66, a tie) keep Triton. fp16 as bf16, except both forwards: the Triton
-# softmax forward measures 0.66 (ptxas: 216 bytes of spill stores a thread against bf16's 80) and
-# the cluster kernel 0.80 with its candidate tile; the cluster LayerNorm forward 0.75 (6 CTAs an SM
-# at fp16's 36-40 registers, bf16's 48-63 hold 4-5) against Triton's 0.66. LayerNorm's 16-bit
-# backward measured 0.61 (0.65-0.67 at E 32) against Triton's 0.58 but keeps Triton: a thin margin
-# on one H100, and an H200 measured the cluster kernel at half Triton's speed there (0.29-0.31
-# against 0.59, 2026-12-05, before the exchange and E 32); WINS is one table for every Hopper GPU.
+# cluster at its best tile / Triton, one run of two:
+# results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-bf16-words.txt).
+# fp32: softmax 0.95 / 0.73 forward, 0.93 / 0.63 backward; RMSNorm 0.92 / 0.68 and 0.90 / 0.60;
+# LayerNorm 0.85 / 0.67 and 0.83 / 0.60. bf16: softmax's backward 0.91 / 0.65, RMSNorm 0.90 / 0.71
+# and 0.80 / 0.59, LayerNorm's forward 0.83 / 0.66; softmax's forward (0.79 at (64, 4) / 0.85)
+# keeps Triton. fp16 as bf16, except softmax's forward: the Triton kernel measures 0.65 (ptxas: 216
+# bytes of spill stores a thread against bf16's 80) and the cluster kernel 0.79 with its candidate
+# tile. LayerNorm's 16-bit backward measured 0.61 (0.65-0.67 at E 32) against Triton's 0.59 but
+# keeps Triton: a thin margin on one H100, and an H200 measured the cluster kernel at half Triton's
+# speed there (0.29-0.31 against 0.59, 2026-12-05, before the exchange and E 32); WINS is one table
+# for every Hopper GPU.
 _HALF = {torch.float16, torch.bfloat16}
 WINS = {
     "softmax_fwd": {torch.float32, torch.float16},
     "softmax_bwd": {torch.float32, *_HALF},
     "rms_norm_fwd": {torch.float32, *_HALF},
     "rms_norm_bwd": {torch.float32, *_HALF},
-    "layer_norm_fwd": {torch.float32, torch.float16},
+    "layer_norm_fwd": {torch.float32, *_HALF},
     "layer_norm_bwd": {torch.float32},
 }
 ENV = "GPU_BRRR_CLUSTER_ROWS"
