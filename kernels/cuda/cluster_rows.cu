@@ -15,8 +15,8 @@
 // Tiles. E values a thread (a CTA holds 256 E of a row), and for the forwards and softmax's
 // backward an occupancy target OCC: the CTAs an SM must hold, which caps the registers a thread
 // (__launch_bounds__'s second argument; 0: the compiler's own choice). An SM holds (CTAs an SM) x
-// (a chunk's bytes) of rows, and 16-bit chunks are half as large, so the 16-bit forwards of
-// softmax and RMSNorm also build a larger tile (built(), below), and the 16-bit norms' backward
+// (a chunk's bytes) of rows, and 16-bit chunks are half as large, so the three 16-bit forwards
+// also build a larger tile (built(), below), and the 16-bit norms' backward
 // one of 32 values (with_bwd_tile), which scripts/gpu/cluster_rows_probe.py --tiles times.
 // (The backward keeps its column sums in dynamic shared memory, which allow() asks for.)
 //

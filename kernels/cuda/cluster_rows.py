@@ -53,7 +53,7 @@ E_BWD = 16
 # builds tiles that hold more without spilling: CANDIDATE_TILES. One runs only where TILES names it
 # (op -> dtype -> tile), once scripts/gpu/cluster_rows_probe.py --tiles has measured it faster.
 CANDIDATE_TILES = {
-    "softmax_fwd": [(64, 4)],  # 64 registers: 4 CTAs x 32 KB (default: 5 x 16 KB)
+    "softmax_fwd": [(64, 4)],  # 56 registers: 4 CTAs x 32 KB (default: 6 x 16 KB)
     "rms_norm_fwd": [(64, 4)],  # 4 x 32 KB (default: 8 x 16 KB)
     "layer_norm_fwd": [(64, 4)],  # 61-64 registers: 4 x 32 KB (default: 5-6 x 16 KB)
     "softmax_bwd": [(32, 0)],  # 80 registers: 3 x 2 x 16 KB (default E 16: 5 x 2 x 8 KB)
@@ -63,8 +63,8 @@ CANDIDATE_TILES = {
     "layer_norm_bwd": [(32, 0)],
 }
 # Measured on an H100 at 4,096 x 65,536, fractions of the copy bandwidth, bf16 / fp16, default tile
-# -> candidate (results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-bf16-words.txt, two runs
-# agreeing within 0.002): softmax's backward 0.83 -> 0.91 / 0.82 -> 0.91; RMSNorm's backward 0.69 ->
+# -> candidate (results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-bf16-words.txt; bf16: two
+# runs within 0.002, fp16: the second run): softmax's backward 0.83 -> 0.91 / 0.82 -> 0.91; RMSNorm's backward 0.69 ->
 # 0.80 / 0.70 -> 0.82; LayerNorm's backward 0.61 -> 0.65 / 0.61 -> 0.67; softmax's forward 0.74 ->
 # 0.79 / 0.74 -> 0.79; LayerNorm's forward 0.68 -> 0.83 / 0.73 -> 0.83; RMSNorm's forward 0.90 ->
 # 0.89 / 0.90 -> 0.89, so it keeps the default, which bf16 values converted from 32-bit words
@@ -81,9 +81,11 @@ TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
 # does): a chunk of 8,192 values a CTA in flight beside the one worked on, and no cluster launched
 # per row. Built for the tile (E_FWD, 0); it runs for the ops and dtypes named here, once
 # scripts/gpu/cluster_rows_probe.py --tiles (column ``loop``) has measured it faster. On the H100
-# it never has (bf16 LayerNorm tied): one-row clusters -> persistent, same run as TILES' numbers,
-# fp32 / bf16 / fp16: softmax 0.95 -> 0.75 / 0.76 -> 0.72 / 0.75 -> 0.73, RMSNorm 0.93 -> 0.76 /
-# 0.87 -> 0.79 / 0.91 -> 0.80, LayerNorm 0.86 -> 0.77 / 0.66 -> 0.66 / 0.75 -> 0.60. Two rows in
+# it never has against the library's tile (bf16 LayerNorm's default tile, 0.68, it edges at 0.69;
+# the library's (64, 4) runs 0.83): one-row clusters at the default tile -> persistent,
+# fp32 / bf16 / fp16, results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-bf16-words.txt:
+# softmax 0.95 -> 0.75 / 0.74 -> 0.73 / 0.74 -> 0.73, RMSNorm 0.92 -> 0.76 / 0.90 -> 0.79 / 0.90 ->
+# 0.81, LayerNorm 0.85 -> 0.77 / 0.68 -> 0.69 / 0.73 -> 0.60. Two rows in
 # registers cost CTAs an SM (ptxas, scripts/cluster_rows_ptxas.py --all: fp32 2 instead of 4-5);
 # our reading is that one cluster's reduction and exchange then stall its SMs, where one-row
 # clusters let other CTAs load meanwhile. A GPU with more bandwidth an SM may differ.
