@@ -99,6 +99,8 @@ def cluster_rows():
     cr.WINS = {op: set(rows_mod.SUPPORTED_DTYPES) for op in cr.WINS}
     try:
         _cluster_rows(cr, norms, softmax, 256, 16_392)
+        # bf16 at the library's tiles: its values are converted from 32-bit words (Packed::at).
+        _cluster_rows(cr, norms, softmax, 256, 16_392, torch.bfloat16)
         # Then each fp16 candidate tile once (the tiles scripts/gpu/cluster_rows_probe.py times).
         for i in range(max(len(t) for t in cr.CANDIDATE_TILES.values())):
             cands = cr.CANDIDATE_TILES.items()
@@ -112,11 +114,11 @@ def cluster_rows():
         cr.WINS, cr.TILES, cr.LOOP_FWD = keep_cr
 
 
-def _cluster_rows(cr, norms, softmax, rows, cols):
-    x = rnd(rows, cols).requires_grad_()
-    w, b = rnd(cols).requires_grad_(), rnd(cols).requires_grad_()
+def _cluster_rows(cr, norms, softmax, rows, cols, dtype=torch.float16):
+    x = rnd(rows, cols, dtype=dtype).requires_grad_()
+    w, b = (rnd(cols, dtype=dtype).requires_grad_() for _ in range(2))
     assert cr.use(x, "layer_norm_fwd", w, b)
-    dy = rnd(rows, cols)
+    dy = rnd(rows, cols, dtype=dtype)
     for name in ("softmax", "rms", "layer"):
         xr = x.detach().float().requires_grad_()
         if name == "softmax":
