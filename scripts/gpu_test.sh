@@ -8,12 +8,13 @@
 #   PYTHON=python3 scripts/gpu_test.sh [pytest arguments: test paths replace tests/, options add]
 #   SANITIZE_SKIP="sgemm_ladder" skips steps of sanitize_all.py (a quick run; not for the record);
 #   SANITIZE_ONLY="moe_fwd_bwd" runs only the named steps
-#   GPU_TEST_STAGES="pytest" (or "sanitize") runs one stage: on an H100 the suite takes about 19
-#   minutes in one process and the sanitizer about 8, too long together for a 10-minute job
+#   GPU_TEST_STAGES="pytest" (or "sanitize") runs one stage, for jobs with a time limit: on an H100
+#   the suite takes about 19 minutes in one process; the sanitizer took 150 s on 2026-12-07
 #   GPU_TEST_PYTEST_LIMIT=SECONDS stops the suite after that long and still writes the log
 #   GPU_TEST_WORKERS=8 (the default where pytest-xdist is installed; 1 turns it off) runs the suite
-#   in that many processes sharing the GPU, each test file in one process; it then takes about 9
-#   minutes on an H100. No test asserts a timing, so sharing the GPU changes no outcome.
+#   in that many processes sharing the GPU, each test file in one process: 251 s on an H100 on
+#   2026-12-07, with the extensions already built (a first build adds minutes). No test asserts a
+#   speed, and the one that times a slow call spins the GPU, which sharing it cannot shorten.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
