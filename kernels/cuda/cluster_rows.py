@@ -64,12 +64,12 @@ CANDIDATE_TILES = {
 }
 # Measured on an H100 at 4,096 x 65,536, fractions of the copy bandwidth, bf16 / fp16, default tile
 # -> candidate (results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-bf16-words.txt; bf16: two
-# runs within 0.002, fp16: the second run): softmax's backward 0.83 -> 0.91 / 0.82 -> 0.91; RMSNorm's backward 0.69 ->
-# 0.80 / 0.70 -> 0.82; LayerNorm's backward 0.61 -> 0.65 / 0.61 -> 0.67; softmax's forward 0.74 ->
-# 0.79 / 0.74 -> 0.79; LayerNorm's forward 0.68 -> 0.83 / 0.73 -> 0.83; RMSNorm's forward 0.90 ->
-# 0.89 / 0.90 -> 0.89, so it keeps the default, which bf16 values converted from 32-bit words
-# brought to 32 registers (8 CTAs an SM; 0.87 at 40 registers before). LayerNorm's backward at 32
-# waits (WINS keeps Triton there, below).
+# runs within 0.002, fp16: the second run): softmax's backward 0.83 -> 0.91 / 0.82 -> 0.91;
+# RMSNorm's backward 0.69 -> 0.80 / 0.70 -> 0.82; LayerNorm's backward 0.61 -> 0.65 / 0.61 -> 0.67;
+# softmax's forward 0.74 -> 0.79 / 0.74 -> 0.79; LayerNorm's forward 0.68 -> 0.83 / 0.73 -> 0.83;
+# RMSNorm's forward 0.90 -> 0.89 / 0.90 -> 0.89, so it keeps the default, which bf16 values
+# converted from 32-bit words brought to 32 registers (8 CTAs an SM; 0.87 at 40 registers before).
+# LayerNorm's backward at 32 waits (WINS keeps Triton there, below).
 TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
     "softmax_fwd": {torch.float16: (64, 4)},
     "softmax_bwd": {torch.bfloat16: (32, 0), torch.float16: (32, 0)},
@@ -77,18 +77,18 @@ TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
     "rms_norm_bwd": {torch.bfloat16: (32, 0), torch.float16: (32, 0)},
 }
 # The forwards can also run as persistent clusters, each walking rows c, c + G, ... with the next
-# row's chunk loading while it reduces, exchanges and writes this one (as the norms' backward
-# does): a chunk of 8,192 values a CTA in flight beside the one worked on, and no cluster launched
-# per row. Built for the tile (E_FWD, 0); it runs for the ops and dtypes named here, once
-# scripts/gpu/cluster_rows_probe.py --tiles (column ``loop``) has measured it faster. On the H100
-# it never has against the library's tile (bf16 LayerNorm's default tile, 0.68, it edges at 0.69;
-# the library's (64, 4) runs 0.83): one-row clusters at the default tile -> persistent,
-# fp32 / bf16 / fp16, results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-bf16-words.txt:
-# softmax 0.95 -> 0.75 / 0.74 -> 0.73 / 0.74 -> 0.73, RMSNorm 0.92 -> 0.76 / 0.90 -> 0.79 / 0.90 ->
-# 0.81, LayerNorm 0.85 -> 0.77 / 0.68 -> 0.69 / 0.73 -> 0.60. Two rows in
-# registers cost CTAs an SM (ptxas, scripts/cluster_rows_ptxas.py --all: fp32 2 instead of 4-5);
-# our reading is that one cluster's reduction and exchange then stall its SMs, where one-row
-# clusters let other CTAs load meanwhile. A GPU with more bandwidth an SM may differ.
+# row's chunk loading while it reduces, exchanges and writes this one (as the norms' backward does):
+# a chunk of 8,192 values a CTA in flight beside the one worked on, and no cluster launched per row.
+# Built for the tile (E_FWD, 0); it runs for the ops and dtypes named here, once
+# scripts/gpu/cluster_rows_probe.py --tiles (column ``loop``) has measured it faster. On the H100 it
+# never has against the library's tile (bf16 LayerNorm's default tile, 0.68, it edges at 0.69; the
+# library's (64, 4) runs 0.83): one-row clusters at the default tile -> persistent, fp32 / bf16 /
+# fp16, results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-bf16-words.txt: softmax 0.95 ->
+# 0.75 / 0.74 -> 0.73 / 0.74 -> 0.73, RMSNorm 0.92 -> 0.76 / 0.90 -> 0.79 / 0.90 -> 0.81, LayerNorm
+# 0.85 -> 0.77 / 0.68 -> 0.69 / 0.73 -> 0.60. Two rows in registers cost CTAs an SM (ptxas,
+# scripts/cluster_rows_ptxas.py --all: fp32 2 instead of 4-5); our reading is that one cluster's
+# reduction and exchange then stall its SMs, where one-row clusters let other CTAs load meanwhile. A
+# GPU with more bandwidth an SM may differ.
 LOOP_OPS = ("softmax_fwd", "rms_norm_fwd", "layer_norm_fwd")
 LOOP_FWD: dict[str, set[torch.dtype]] = {}
 # The ops and dtypes for which the cluster kernels beat the Triton ones, measured on an H100 at
