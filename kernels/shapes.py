@@ -12,10 +12,12 @@ Host overhead gets records of its own (``shapes/<op>/host``, every op but the ca
 the wall time of ``HOST_CALLS`` back-to-back calls at the size of a decode step (``host_cases``),
 divided by the count. The GPU finishes most of those small kernels faster than the host can
 launch the next, so the figure is the host's cost per call; the baseline is the same loop over the
-PyTorch op.
+PyTorch op. Not for matmul: one row against a 4,096 x 4,096 weight reads 32 MiB, about as long on
+the device as a launch takes the host, so its row also times the device (page 3.4).
 
-A case slower than its baseline (``RETIME_BELOW``) is timed ``RETIMES`` times, both sides, and
-recorded at the median of each side, so that one slow timing of a few-µs call decides nothing.
+A case slower than its baseline (``RETIME_BELOW``), host-time cases included, is timed
+``RETIMES`` times, both sides, and recorded at the median of each side, so that one slow timing
+of a few-µs call decides nothing.
 
 A memory-bound case over ``DEVICE_ABOVE_BYTES`` is also timed on the device alone, its host work
 hidden, and the printed log gives both fractions of the copy bandwidth: the call's, which the goal
@@ -396,23 +398,34 @@ def _median(timings: list[bench.Measurement]) -> bench.Measurement:
     return sorted(timings, key=lambda t: t.ms)[len(timings) // 2]
 
 
+def _timed_pair(
+    time_ours: Callable[[], bench.Measurement], time_theirs: Callable[[], bench.Measurement]
+) -> tuple[bench.Measurement, bench.Measurement, dict | None]:
+    """One timing of each side; where ours is below ``RETIME_BELOW`` of the baseline's speed,
+    ``RETIMES`` timings of each, alternating, and the median of each side. Returns (ours,
+    theirs, the retimed ms of both sides or None). The device cases and the host cases share it."""
+    m, base = time_ours(), time_theirs()
+    below = _retime_below()
+    if below is None or base.ms / m.ms >= below:
+        return m, base, None
+    mine, their = [m], [base]
+    for _ in range(RETIMES - 1):
+        mine.append(time_ours())
+        their.append(time_theirs())
+    retimed = {"ms": [round(t.ms, 6) for t in mine],
+               "baseline_ms": [round(t.ms, 6) for t in their]}  # fmt: skip
+    return _median(mine), _median(their), retimed
+
+
 def run_case(case: Case, roofs: Roofs) -> dict:
     """Time one case (ours, then the baseline) into a record; an error row if anything raises."""
     try:
         ours, theirs, *config = case.setup()
         work = dict(bytes=case.bytes, flops=case.flops)
-        m = bench.measure(ours, **work, **TIMING)
-        base = bench.measure(theirs, **work, **TIMING)
-        retimed = None
-        below = _retime_below()
-        if below is not None and base.ms / m.ms < below:
-            mine, their = [m], [base]
-            for _ in range(RETIMES - 1):
-                mine.append(bench.measure(ours, **work, **TIMING))
-                their.append(bench.measure(theirs, **work, **TIMING))
-            retimed = {"ms": [round(t.ms, 6) for t in mine],
-                       "baseline_ms": [round(t.ms, 6) for t in their]}  # fmt: skip
-            m, base = _median(mine), _median(their)
+        m, base, retimed = _timed_pair(
+            lambda: bench.measure(ours, **work, **TIMING),
+            lambda: bench.measure(theirs, **work, **TIMING),
+        )
         rec = bench.record(f"shapes/{case.op}", "triton", case.shape, case.dtype, m,
                            baseline=(case.baseline, base), ceiling=roofs(case))  # fmt: skip
         if config:
@@ -499,9 +512,10 @@ def host_records(
     for case in (c for c in host_cases(quick) if wanted(c, "/host")):
         try:
             ours, theirs, *_ = case.setup()
-            m, base = host_time(ours), host_time(theirs)
-            recs.append(bench.record(f"shapes/{case.op}/host", "triton", case.shape, case.dtype,
-                                     m, baseline=(case.baseline, base)))  # fmt: skip
+            m, base, retimed = _timed_pair(lambda: host_time(ours), lambda: host_time(theirs))
+            rec = bench.record(f"shapes/{case.op}/host", "triton", case.shape, case.dtype, m,
+                               baseline=(case.baseline, base))  # fmt: skip
+            recs.append(rec | ({"retimed": retimed} if retimed else {}))
         except Exception as e:  # noqa: BLE001
             recs.append(error_record(dataclasses.replace(case, op=f"{case.op}/host"), e))
     return recs
@@ -554,7 +568,7 @@ def run(
             sink(rec)
         if progress:
             host = f"  host µs a call: {_us(rec['ms'])}, torch {_us(rec['baseline_ms'])}"
-            print(_line(rec, host), flush=True)
+            print(_line(rec, host + _retimed_note(rec)), flush=True)
     for case in filter(wanted, cases(quick)):
         t0 = time.perf_counter()
         rec = run_case(case, roofs)
@@ -564,10 +578,7 @@ def run(
             # The case's wall time (compiles and autotuning included): where a sweep's minutes go.
             extra = f"  ({time.perf_counter() - t0:.1f} s)"
             extra += f"  [{rec['config']}]" if "config" in rec else ""
-            if "retimed" in rec:
-                r = rec["retimed"]
-                each = ", ".join(f"{b / o:.3f}x" for o, b in zip(r["ms"], r["baseline_ms"]))
-                extra += f"  timed {RETIMES} times: {each} (median recorded)"
+            extra += _retimed_note(rec)
             if "device" in rec:
                 alone = rec["device"]
                 extra += f"  copy: {rec['ceiling_frac']}, device alone {alone['frac']}"
@@ -575,6 +586,15 @@ def run(
             print(_line(rec, extra), flush=True)
         recs.append(rec)
     return recs
+
+
+def _retimed_note(rec: dict) -> str:
+    """The log's note on a case timed ``RETIMES`` times: each timing's speed-up."""
+    if "retimed" not in rec:
+        return ""
+    r = rec["retimed"]
+    each = ", ".join(f"{b / o:.3f}x" for o, b in zip(r["ms"], r["baseline_ms"]))
+    return f"  timed {RETIMES} times: {each} (median recorded)"
 
 
 def _us(ms: float | None) -> str:

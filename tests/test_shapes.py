@@ -191,6 +191,37 @@ def test_a_one_off_slow_timing_is_outvoted(monkeypatch):
     assert "retimed" not in shapes.run_case(case, roofs=lambda c: None)
 
 
+def test_a_slow_host_case_is_timed_again(monkeypatch):
+    """Host-time cases follow the same rule: the 12-07 sweep recorded the attention backward's
+    host cost once, at 117 µs against SDPA's 90, where three rounds the same day gave 78-86
+    against 86-103."""
+    monkeypatch.setattr(shapes, "_retime_below", lambda: shapes.RETIME_BELOW)
+
+    def scripted(times):
+        it = iter(times)
+
+        def host_time(fn):
+            ms = next(it)
+            return bench.Measurement(ms, ms, ms, None, None, True)
+
+        return host_time
+
+    def add_only(case, suffix=""):
+        return case.op == "add"
+
+    # ours, theirs, ours, theirs, ...: one slow timing of ours first.
+    monkeypatch.setattr(shapes, "host_time", scripted([0.117, 0.090, 0.080, 0.095, 0.085, 0.100]))
+    (rec,) = shapes.host_records(True, add_only)
+    assert rec["bench"] == "shapes/add/host"
+    assert rec["ms"] == 0.085 and rec["baseline_ms"] == 0.095
+    assert rec["retimed"] == {"ms": [0.117, 0.080, 0.085], "baseline_ms": [0.090, 0.095, 0.100]}
+    assert "timed 3 times" in shapes._retimed_note(rec)
+    # As fast as the baseline or faster: timed once.
+    monkeypatch.setattr(shapes, "host_time", scripted([0.010, 0.010]))
+    (rec,) = shapes.host_records(True, add_only)
+    assert "retimed" not in rec and shapes._retimed_note(rec) == ""
+
+
 def test_registered_in_the_bench_cli():
     import importlib
 
