@@ -512,7 +512,9 @@ def host_records(
     for case in (c for c in host_cases(quick) if wanted(c, "/host")):
         try:
             ours, theirs, *_ = case.setup()
-            m, base, retimed = _timed_pair(lambda: host_time(ours), lambda: host_time(theirs))
+            m, base, retimed = _timed_pair(
+                lambda f=ours: host_time(f), lambda f=theirs: host_time(f)
+            )
             rec = bench.record(f"shapes/{case.op}/host", "triton", case.shape, case.dtype, m,
                                baseline=(case.baseline, base))  # fmt: skip
             recs.append(rec | ({"retimed": retimed} if retimed else {}))
