@@ -12,8 +12,8 @@ Host overhead gets records of its own (``shapes/<op>/host``, every op but the ca
 the wall time of ``HOST_CALLS`` back-to-back calls at the size of a decode step (``host_cases``),
 divided by the count. The GPU finishes most of those small kernels faster than the host can
 launch the next, so the figure is the host's cost per call; the baseline is the same loop over the
-PyTorch op. Not for matmul: one row against a 4,096 x 4,096 weight reads 32 MiB, about as long on
-the device as a launch takes the host, so its row also times the device (page 3.4).
+PyTorch op. For matmul the figure is likely not the host's cost alone: one row against a 4,096 x
+4,096 weight reads 32 MiB, about as long on the device as a launch takes the host (page 3.4).
 
 A case slower than its baseline (``RETIME_BELOW``), host-time cases included, is timed
 ``RETIMES`` times, both sides, and recorded at the median of each side, so that one slow timing
@@ -611,7 +611,9 @@ def _line(rec: dict, extra: str) -> str:
 
 @bench.register("shapes")
 def _bench_shapes(quick: bool) -> list[dict]:
-    return run(quick)
+    # kernels.bench appends what this returns to the results file: the common fields only, as
+    # main()'s sink writes them (the extras go to the printed log).
+    return [_common(r) for r in run(quick, progress=True)]
 
 
 def slowest(records: list[dict]) -> dict | None:

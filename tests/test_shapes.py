@@ -197,29 +197,44 @@ def test_a_slow_host_case_is_timed_again(monkeypatch):
     against 86-103."""
     monkeypatch.setattr(shapes, "_retime_below", lambda: shapes.RETIME_BELOW)
 
+    def ours():
+        pass
+
+    def theirs():
+        pass
+
     def scripted(times):
-        it = iter(times)
+        """host_time with each side's timings in turn (each side keyed by its callable)."""
+        its = {fn: iter(ms) for fn, ms in times.items()}
 
         def host_time(fn):
-            ms = next(it)
+            ms = next(its[fn])
             return bench.Measurement(ms, ms, ms, None, None, True)
 
         return host_time
 
-    def add_only(case, suffix=""):
-        return case.op == "add"
-
-    # ours, theirs, ours, theirs, ...: one slow timing of ours first.
-    monkeypatch.setattr(shapes, "host_time", scripted([0.117, 0.090, 0.080, 0.095, 0.085, 0.100]))
-    (rec,) = shapes.host_records(True, add_only)
-    assert rec["bench"] == "shapes/add/host"
+    case = shapes.Case("op", [3], torch.float32, "torch.op", lambda: (ours, theirs))
+    monkeypatch.setattr(shapes, "host_cases", lambda quick: [case])
+    # One slow timing of ours first, then ours below the baseline.
+    slow = {ours: [0.117, 0.080, 0.085], theirs: [0.090, 0.095, 0.100]}
+    monkeypatch.setattr(shapes, "host_time", scripted(slow))
+    (rec,) = shapes.host_records(True)
+    assert rec["bench"] == "shapes/op/host"
     assert rec["ms"] == 0.085 and rec["baseline_ms"] == 0.095
-    assert rec["retimed"] == {"ms": [0.117, 0.080, 0.085], "baseline_ms": [0.090, 0.095, 0.100]}
+    assert rec["retimed"] == {"ms": slow[ours], "baseline_ms": slow[theirs]}
     assert "timed 3 times" in shapes._retimed_note(rec)
     # As fast as the baseline or faster: timed once.
-    monkeypatch.setattr(shapes, "host_time", scripted([0.010, 0.010]))
-    (rec,) = shapes.host_records(True, add_only)
+    monkeypatch.setattr(shapes, "host_time", scripted({ours: [0.010], theirs: [0.010]}))
+    (rec,) = shapes.host_records(True)
     assert "retimed" not in rec and shapes._retimed_note(rec) == ""
+
+
+def test_the_bench_cli_gets_the_common_fields_only(monkeypatch):
+    """``python -m kernels.bench --only shapes`` appends what ``_bench_shapes`` returns: the
+    results files' fields, without the log's extras."""
+    rec = {f: None for f in FIELDS} | {"config": "TMA", "retimed": {}, "device": {}}
+    monkeypatch.setattr(shapes, "run", lambda quick, **kw: [rec])
+    assert [list(r) for r in shapes._bench_shapes(True)] == [FIELDS]
 
 
 def test_registered_in_the_bench_cli():
