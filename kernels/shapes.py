@@ -13,7 +13,9 @@ the wall time of ``HOST_CALLS`` back-to-back calls at the size of a decode step 
 divided by the count. The GPU finishes most of those small kernels faster than the host can
 launch the next, so the figure is the host's cost per call; the baseline is the same loop over the
 PyTorch op. For matmul the figure is likely not the host's cost alone: one row against a 4,096 x
-4,096 weight reads 32 MiB, about as long on the device as a launch takes the host (page 3.4).
+4,096 weight reads 32 MiB, about as long on the device as a launch takes the host (page 3.4). So
+the log also gives each side's time until its calls are issued (``issue_time``), which the device
+cannot lengthen.
 
 A case slower than its baseline (``RETIME_BELOW``), host-time cases included, is timed
 ``RETIMES`` times, both sides, and recorded at the median of each side, so that one slow timing
@@ -107,9 +109,9 @@ def _device_above() -> int | None:
 
 
 # What a record may carry beyond kernels/bench.py's fields: the configuration a matmul ran, a
-# slow case's three timings and a large case's device time. They go to the printed log; the results
-# files keep the common fields.
-EXTRAS = ("config", "retimed", "device")
+# slow case's three timings, a large case's device time and a host case's time until issued. They
+# go to the printed log; the results files keep the common fields.
+EXTRAS = ("config", "retimed", "device", "issued")
 
 
 def _common(rec: dict) -> dict:
@@ -452,11 +454,21 @@ def run_case(case: Case, roofs: Roofs) -> dict:
             torch.cuda.empty_cache()
 
 
-def host_loops(fn: Callable, calls: int, loops: int, clock: Callable = time.perf_counter) -> list:
+def host_loops(
+    fn: Callable,
+    calls: int,
+    loops: int,
+    clock: Callable = time.perf_counter,
+    *,
+    until_issued: bool = False,
+) -> list:
     """Host ms per call of ``fn`` in each of ``loops`` loops of ``calls`` back-to-back calls, by
     ``clock`` (one call first; each loop ends with a synchronize). With ``time.process_time`` it
     counts the CPU time of every thread (the autograd engine's included), which a shared host
-    disturbs less than wall time."""
+    disturbs less than wall time. With ``until_issued`` the clock stops before that synchronize:
+    the time to issue the calls, which the device cannot lengthen as long as the launch queue has
+    room (a few hundred launches), so it is the host's cost even where a call's kernels take the
+    GPU longer than their launch takes the host."""
     fn()
     if device.GPU_MODE:
         torch.cuda.synchronize()
@@ -465,9 +477,10 @@ def host_loops(fn: Callable, calls: int, loops: int, clock: Callable = time.perf
         t0 = clock()
         for _ in range(calls):
             fn()
+        t1 = clock()
         if device.GPU_MODE:
             torch.cuda.synchronize()
-        out.append((clock() - t0) * 1e3 / calls)
+        out.append(((t1 if until_issued else clock()) - t0) * 1e3 / calls)
     return out
 
 
@@ -478,6 +491,14 @@ def host_time(fn: Callable, calls: int | None = None) -> bench.Measurement:
     loops = host_loops(fn, calls or device.pick(HOST_CALLS, 2), 5)
     ms = sorted(loops)[2]
     return bench.Measurement(ms, min(loops), max(loops), None, None, device.GPU_MODE)
+
+
+def issue_time(fn: Callable, calls: int | None = None) -> float:
+    """Host ms per call of ``fn`` until its calls are issued (``host_loops(until_issued=True)``,
+    the median of 5 loops): the host's cost alone, for the log beside ``host_time``. The two
+    agree where the host is the slower side; where a call keeps the GPU busier than its launch
+    keeps the host (matmul's one row against a 32-MiB weight), only this one is the host's."""
+    return sorted(host_loops(fn, calls or device.pick(HOST_CALLS, 2), 5, until_issued=True))[2]
 
 
 def host_cases(quick: bool) -> list[Case]:
@@ -517,6 +538,7 @@ def host_records(
             )
             rec = bench.record(f"shapes/{case.op}/host", "triton", case.shape, case.dtype, m,
                                baseline=(case.baseline, base))  # fmt: skip
+            rec["issued"] = {"ms": issue_time(ours), "baseline_ms": issue_time(theirs)}
             recs.append(rec | ({"retimed": retimed} if retimed else {}))
         except Exception as e:  # noqa: BLE001
             recs.append(error_record(dataclasses.replace(case, op=f"{case.op}/host"), e))
@@ -570,6 +592,9 @@ def run(
             sink(rec)
         if progress:
             host = f"  host µs a call: {_us(rec['ms'])}, torch {_us(rec['baseline_ms'])}"
+            if "issued" in rec:
+                issued = rec["issued"]
+                host += f"; until issued {_us(issued['ms'])}, torch {_us(issued['baseline_ms'])}"
             print(_line(rec, host + _retimed_note(rec)), flush=True)
     for case in filter(wanted, cases(quick)):
         t0 = time.perf_counter()

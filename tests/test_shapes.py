@@ -46,9 +46,11 @@ def test_records_are_well_formed(records):
         if "error" in r:
             assert list(r) == FIELDS + ["error"] and r["ms"] is None and r["error"]
             continue
-        # A case that tunes itself (matmul) also names the configuration it ran, and on a GPU a
-        # case slower than its baseline carries its three timings, a large one its device time.
+        # A case that tunes itself (matmul) also names the configuration it ran, a host case its
+        # time until issued, and on a GPU a case slower than its baseline carries its three
+        # timings, a large one its device time.
         extra = ["config"] if r["bench"] == "shapes/matmul" else []
+        extra += ["issued"] if r["bench"].endswith("/host") else []
         extra += [k for k in ("retimed", "device") if k in r]
         assert list(r) == FIELDS + extra, r
         assert r["bench"].startswith("shapes/") and r["variant"] == "triton"
@@ -229,6 +231,17 @@ def test_a_slow_host_case_is_timed_again(monkeypatch):
     assert "retimed" not in rec and shapes._retimed_note(rec) == ""
 
 
+def test_until_issued_stops_the_clock_before_the_synchronize(monkeypatch):
+    """``host_loops(until_issued=True)`` times issuing the calls, not waiting for the GPU: a
+    synchronize that waits 20 ms counts in the default loops and not in these."""
+    monkeypatch.setattr(device, "GPU_MODE", True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: time.sleep(0.02))
+    waited = shapes.host_loops(lambda: None, calls=10, loops=2)
+    issued = shapes.host_loops(lambda: None, calls=10, loops=2, until_issued=True)
+    assert min(waited) >= 1.9 and max(issued) < 0.5, (waited, issued)
+    assert shapes.issue_time(lambda: None, calls=10) < 0.5
+
+
 def test_the_bench_cli_gets_the_common_fields_only(monkeypatch):
     """``python -m kernels.bench --only shapes`` appends what ``_bench_shapes`` returns: the
     results files' fields, without the log's extras."""
@@ -261,6 +274,7 @@ def test_the_log_prints_host_records_too(capsys):
     out = capsys.readouterr().out
     host = [r for r in recs if r["bench"] == "shapes/add/host"]
     assert host and "shapes/add/host" in out and "host µs a call" in out
+    assert all(set(r["issued"]) == {"ms", "baseline_ms"} for r in host) and "until issued" in out
     assert out.count("\n") >= len(recs)
     timed = [line for line in out.splitlines() if line.startswith("shapes/add ")]
     assert timed and all(re.search(r"  \(\d+\.\d s\)", line) for line in timed), timed
