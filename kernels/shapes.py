@@ -466,9 +466,10 @@ def host_loops(
     ``clock`` (one call first; each loop ends with a synchronize). With ``time.process_time`` it
     counts the CPU time of every thread (the autograd engine's included), which a shared host
     disturbs less than wall time. With ``until_issued`` the clock stops before that synchronize:
-    the time to issue the calls, which the device cannot lengthen as long as the launch queue has
-    room (a few hundred launches), so it is the host's cost even where a call's kernels take the
-    GPU longer than their launch takes the host."""
+    the time to issue the calls, which the device does not lengthen while the launch queue has
+    room (about a thousand launches, as observed; not documented) and no call synchronizes, so it
+    is the host's cost even where a call's kernels take the GPU longer than their launch takes the
+    host."""
     fn()
     if device.GPU_MODE:
         torch.cuda.synchronize()

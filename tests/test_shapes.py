@@ -234,18 +234,22 @@ def test_a_slow_host_case_is_timed_again(monkeypatch):
 def test_until_issued_stops_the_clock_before_the_synchronize(monkeypatch):
     """``host_loops(until_issued=True)`` times issuing the calls, not waiting for the GPU: a
     synchronize that waits 20 ms counts in the default loops and not in these."""
+    syncs = []
     monkeypatch.setattr(device, "GPU_MODE", True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: time.sleep(0.02))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(1) or time.sleep(0.02))
     waited = shapes.host_loops(lambda: None, calls=10, loops=2)
     issued = shapes.host_loops(lambda: None, calls=10, loops=2, until_issued=True)
     assert min(waited) >= 1.9 and max(issued) < 0.5, (waited, issued)
+    # Still one synchronize after the first call and after each loop: every loop starts with the
+    # queue empty.
+    assert len(syncs) == 2 * (1 + 2)
     assert shapes.issue_time(lambda: None, calls=10) < 0.5
 
 
 def test_the_bench_cli_gets_the_common_fields_only(monkeypatch):
     """``python -m kernels.bench --only shapes`` appends what ``_bench_shapes`` returns: the
     results files' fields, without the log's extras."""
-    rec = {f: None for f in FIELDS} | {"config": "TMA", "retimed": {}, "device": {}}
+    rec = {f: None for f in FIELDS} | {"config": "TMA", "retimed": {}, "device": {}, "issued": {}}
     monkeypatch.setattr(shapes, "run", lambda quick, **kw: [rec])
     assert [list(r) for r in shapes._bench_shapes(True)] == [FIELDS]
 
