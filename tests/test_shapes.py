@@ -193,10 +193,10 @@ def test_a_one_off_slow_timing_is_outvoted(monkeypatch):
     assert "retimed" not in shapes.run_case(case, roofs=lambda c: None)
 
 
-def test_a_slow_host_case_is_timed_again(monkeypatch):
-    """Host-time cases follow the same rule: the 12-07 sweep recorded the attention backward's
-    host cost once, at 117 µs against SDPA's 90, where three rounds the same day gave 78-86
-    against 86-103."""
+def test_every_host_case_is_timed_three_times(monkeypatch):
+    """Host-time cases are timed three times a side, slow or fast: the 12-07 sweep recorded the
+    attention backward's host cost once, at 117 µs against SDPA's 90 (three rounds the same day:
+    78-86 against 86-103), and SDPA's forward at 26.5 µs (14.6-14.9)."""
     monkeypatch.setattr(shapes, "_retime_below", lambda: shapes.RETIME_BELOW)
 
     def ours():
@@ -225,8 +225,14 @@ def test_a_slow_host_case_is_timed_again(monkeypatch):
     assert rec["ms"] == 0.085 and rec["baseline_ms"] == 0.095
     assert rec["retimed"] == {"ms": slow[ours], "baseline_ms": slow[theirs]}
     assert "timed 3 times" in shapes._retimed_note(rec)
-    # As fast as the baseline or faster: timed once.
-    monkeypatch.setattr(shapes, "host_time", scripted({ours: [0.010], theirs: [0.010]}))
+    # Faster than the baseline: timed three times too (a slow baseline timing would flatter ours).
+    fast = {ours: [0.010, 0.011, 0.012], theirs: [0.040, 0.020, 0.021]}
+    monkeypatch.setattr(shapes, "host_time", scripted(fast))
+    (rec,) = shapes.host_records(True)
+    assert rec["ms"] == 0.011 and rec["baseline_ms"] == 0.021 and rec["speedup"] < 2
+    # Off a GPU (the interpreter's every case is slow): timed once.
+    monkeypatch.setattr(shapes, "_retime_below", lambda: None)
+    monkeypatch.setattr(shapes, "host_time", scripted(slow))
     (rec,) = shapes.host_records(True)
     assert "retimed" not in rec and shapes._retimed_note(rec) == ""
 
