@@ -29,7 +29,9 @@ kernel's.
 
 A case whose kernel raises is recorded as an error row (``ms`` None, the message in ``error``)
 instead of stopping the sweep. ``python -m kernels.bench --only shapes`` runs it;
-``python -m kernels.shapes --ops softmax_fwd,rms_norm_bwd`` runs a subset.
+``python -m kernels.shapes --ops softmax_fwd,rms_norm_bwd`` runs a subset;
+``python -m kernels.shapes --report`` times nothing and sets the latest sweep in this GPU's results
+file against the goals (``goals``).
 
 Each record is appended as soon as it is made, so a sweep cut short keeps its rows; the same command
 with ``--resume`` then times only the cases that file has no record of today (error rows are timed
@@ -653,6 +655,73 @@ def slowest(records: list[dict]) -> dict | None:
     return min(timed, key=lambda r: r["speedup"]) if timed else None
 
 
+# The issue's goals on the sweep: every case at least this fast as its PyTorch call, every
+# memory-bound case over DEVICE_ABOVE_BYTES at least this fraction of the copy bandwidth, and every
+# op's host cost within HOST_GOAL_US of PyTorch's.
+SPEEDUP_GOAL = 0.9
+COPY_GOAL = 0.9
+HOST_GOAL_US = 2.0
+
+
+def latest_sweep(records: list[dict]) -> tuple[str | None, list[dict]]:
+    """The shapes records of the latest date in ``records``, one per case (the last written wins:
+    a case timed twice that day shows its later timing), as notebook 03b reads them."""
+    recs = [r for r in records if r.get("bench", "").startswith("shapes/")]
+    latest = max((r["date"] for r in recs), default=None)
+    by_case = {case_key(r["bench"], r["shape"], r["dtype"]): r for r in recs if r["date"] == latest}
+    return latest, list(by_case.values())
+
+
+def goals(records: list[dict]) -> dict[str, list[dict]]:
+    """The records of one sweep that miss a goal, worst first: ``"speedup"`` (a timed case below
+    ``SPEEDUP_GOAL`` x PyTorch), ``"copy"`` (a memory-bound case over ``DEVICE_ABOVE_BYTES`` below
+    ``COPY_GOAL`` of the copy bandwidth), ``"host"`` (a host row more than ``HOST_GOAL_US`` above
+    PyTorch's), ``"error"`` (a case that raised)."""
+    host = [r for r in records if r["bench"].endswith("/host") and r.get("ms")]
+    timed = [r for r in records if not r["bench"].endswith("/host") and r.get("speedup")]
+
+    def moved(r: dict) -> float:  # bytes the case moves, from its (rounded) GB/s and time
+        return (r.get("gbps") or 0) * r["ms"] * 1e6
+
+    # 1% of slack: a case of exactly 32 MiB, read back from rounded figures, is not over it.
+    big = [r for r in timed if r.get("ceiling") == "copy" and moved(r) > 1.01 * DEVICE_ABOVE_BYTES]
+    return {
+        "speedup": sorted((r for r in timed if r["speedup"] < SPEEDUP_GOAL),
+                          key=lambda r: r["speedup"]),
+        "copy": sorted((r for r in big if r["ceiling_frac"] < COPY_GOAL),
+                       key=lambda r: r["ceiling_frac"]),
+        "host": sorted((r for r in host if (r["ms"] - r["baseline_ms"]) * 1e3 > HOST_GOAL_US),
+                       key=lambda r: r["baseline_ms"] - r["ms"]),
+        "error": [r for r in records if r.get("error")],
+    }  # fmt: skip
+
+
+def report(path: Path) -> str:
+    """The latest sweep in the results file ``path`` against the goals: counts, then every miss."""
+    date, recs = latest_sweep(bench.load_records(path) if path.exists() else [])
+    if date is None:
+        return f"no shapes records in {path}"
+    miss = goals(recs)
+    timed = sum(1 for r in recs if not r["bench"].endswith("/host") and r.get("speedup"))
+    host = sum(1 for r in recs if r["bench"].endswith("/host") and r.get("ms"))
+    out = [f"{path.name}, sweep of {date}: {len(recs)} records, {timed} timed, {host} host rows",
+           f"below {SPEEDUP_GOAL}x PyTorch: {len(miss['speedup'])} of {timed}"]  # fmt: skip
+    out += [_line(r, "") for r in miss["speedup"]]
+    out.append(
+        f"over {DEVICE_ABOVE_BYTES >> 20} MiB and below {COPY_GOAL} of copy: {len(miss['copy'])}"
+    )
+    out += [_line(r, f"  copy {r['ceiling_frac']}") for r in miss["copy"]]
+    out.append(
+        f"host cost more than {HOST_GOAL_US} µs above PyTorch's: {len(miss['host'])} of {host}"
+    )
+    out += [
+        _line(r, f"  host µs {_us(r['ms'])}, torch {_us(r['baseline_ms'])}") for r in miss["host"]
+    ]
+    out.append(f"errors: {len(miss['error'])}")
+    out += [_line(r, "") for r in miss["error"]]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernels.shapes", description=__doc__.split("\n")[0])
     p.add_argument("--ops", help="comma-separated ops (softmax_fwd, rms_norm_bwd, matmul, ...)")
@@ -664,7 +733,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the cases the output file already has a record of today (finish a cut sweep)",
     )
+    p.add_argument(
+        "--report",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="time nothing: the latest sweep in FILE (default: this GPU's results file) against "
+        "the goals",
+    )
     args = p.parse_args(argv)
+    if args.report is not None:
+        print(report(Path(args.report) if args.report else bench.results_path()))
+        return 0
     ops = set(args.ops.split(",")) if args.ops else None
     dtypes = set(args.dtypes.split(",")) if args.dtypes else None
     print(device.describe(), flush=True)

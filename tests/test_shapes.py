@@ -388,3 +388,43 @@ def test_host_cases_launch_through_the_fast_path_after_their_first_call(monkeypa
             ours()
         torch.cuda.synchronize()
         assert not slow, f"{case.op} {case.shape}: later calls went through Triton: {slow}"
+
+
+def _rec(bench_name, shape, speedup=1.0, ms=1e-3, **kw):
+    rec = dict.fromkeys(FIELDS) | {"bench": bench_name, "variant": "triton", "shape": shape}
+    rec |= {"dtype": "bfloat16", "ms": ms, "baseline_ms": ms * speedup, "speedup": speedup}
+    return rec | {"date": "2026-12-07"} | kw
+
+
+def test_goals_names_every_miss_of_the_latest_sweep(tmp_path):
+    """``--report`` reads the latest date, one record per case (the later wins), and names the
+    cases below 0.9x, the large memory-bound ones below 0.9 of copy, the host rows more than 2 µs
+    above PyTorch's and the errors; small or compute-bound cases have no copy goal."""
+    mib = 2**20
+    big = dict(ceiling="copy", ceiling_frac=0.8, gbps=64 * mib / 1e-3 / 1e9)  # 64 MiB in 1 ms
+    recs = [
+        _rec("shapes/softmax_fwd", [1, 8], speedup=0.5, date="2026-12-06"),  # an older sweep
+        _rec("shapes/softmax_fwd", [1, 8], speedup=0.8),
+        _rec("shapes/softmax_fwd", [2, 8], speedup=0.7),
+        _rec("shapes/softmax_fwd", [2, 8], speedup=1.2),  # timed again that day: this one counts
+        _rec("shapes/rms_norm_fwd", [4096, 8192], speedup=1.5, ms=1.0, **big),
+        _rec("shapes/rms_norm_fwd", [64, 8192], speedup=1.5, ms=1.0, **big | {"gbps": 1.0}),
+        _rec("shapes/matmul", [8, 8, 8], speedup=1.1, ceiling="matmul_bfloat16", ceiling_frac=0.2),
+        _rec("shapes/add/host", [4096], ms=10e-3, baseline_ms=7e-3, speedup=0.7),
+        _rec("shapes/softmax_fwd/host", [1, 4096], ms=8e-3, baseline_ms=7e-3, speedup=0.875),
+        dict(_rec("shapes/add", [3]), ms=None, speedup=None, error="RuntimeError: boom"),
+    ]
+    date, latest = shapes.latest_sweep(recs)
+    assert date == "2026-12-07" and len(latest) == 8
+    miss = shapes.goals(latest)
+    assert [(r["shape"], r["speedup"]) for r in miss["speedup"]] == [([1, 8], 0.8)]
+    assert [r["shape"] for r in miss["copy"]] == [[4096, 8192]]
+    assert [r["bench"] for r in miss["host"]] == ["shapes/add/host"]
+    assert [r["error"] for r in miss["error"]] == ["RuntimeError: boom"]
+    path = tmp_path / "gpu.jsonl"
+    bench.append_records(recs, path)
+    text = shapes.report(path)
+    assert "sweep of 2026-12-07: 8 records, 5 timed, 2 host rows" in text
+    assert "below 0.9x PyTorch: 1 of 5" in text and "below 0.9 of copy: 1" in text
+    assert "2.0 µs above PyTorch's: 1 of 2" in text and "errors: 1" in text
+    assert shapes.report(tmp_path / "none.jsonl").startswith("no shapes records")
