@@ -396,7 +396,7 @@ def _rec(bench_name, shape, speedup=1.0, ms=1e-3, **kw):
     return rec | {"date": "2026-12-07"} | kw
 
 
-def test_goals_names_every_miss_of_the_latest_sweep(tmp_path):
+def test_goals_names_every_miss_of_the_latest_sweep(tmp_path, capsys):
     """``--report`` reads the latest date, one record per case (the later wins), and names the
     cases below 0.9x, the large memory-bound ones below 0.9 of copy, the host rows more than 2 µs
     above PyTorch's and the errors; small or compute-bound cases have no copy goal."""
@@ -428,3 +428,6 @@ def test_goals_names_every_miss_of_the_latest_sweep(tmp_path):
     assert "below 0.9x PyTorch: 1 of 5" in text and "below 0.9 of copy: 1" in text
     assert "2.0 µs above PyTorch's: 1 of 2" in text and "errors: 1" in text
     assert shapes.report(tmp_path / "none.jsonl").startswith("no shapes records")
+    capsys.readouterr()
+    assert shapes.main(["--report", str(path)]) == 0  # times nothing
+    assert capsys.readouterr().out.strip() == text
