@@ -15,7 +15,7 @@ launch the next, so the figure is the host's cost per call; the baseline is the 
 PyTorch op. For matmul the figure is likely not the host's cost alone: one row against a 4,096 x
 4,096 weight reads 32 MiB, about as long on the device as a launch takes the host (page 3.4). So
 the log also gives each side's time until its calls are issued (``issue_time``), which the device
-cannot lengthen.
+does not lengthen.
 
 A case slower than its baseline (``RETIME_BELOW``), and every host-time case, is timed
 ``RETIMES`` times, both sides, and recorded at the median of each side, so that one slow timing
@@ -461,22 +461,11 @@ def run_case(case: Case, roofs: Roofs) -> dict:
             torch.cuda.empty_cache()
 
 
-def host_loops(
-    fn: Callable,
-    calls: int,
-    loops: int,
-    clock: Callable = time.perf_counter,
-    *,
-    until_issued: bool = False,
-) -> list:
+def host_loops(fn: Callable, calls: int, loops: int, clock: Callable = time.perf_counter) -> list:
     """Host ms per call of ``fn`` in each of ``loops`` loops of ``calls`` back-to-back calls, by
     ``clock`` (one call first; each loop ends with a synchronize). With ``time.process_time`` it
     counts the CPU time of every thread (the autograd engine's included), which a shared host
-    disturbs less than wall time. With ``until_issued`` the clock stops before that synchronize:
-    the time to issue the calls, which the device does not lengthen while the launch queue has
-    room (about a thousand launches, as observed; not documented) and no call synchronizes, so it
-    is the host's cost even where a call's kernels take the GPU longer than their launch takes the
-    host."""
+    disturbs less than wall time."""
     fn()
     if device.GPU_MODE:
         torch.cuda.synchronize()
@@ -485,10 +474,9 @@ def host_loops(
         t0 = clock()
         for _ in range(calls):
             fn()
-        t1 = clock()
         if device.GPU_MODE:
             torch.cuda.synchronize()
-        out.append(((t1 if until_issued else clock()) - t0) * 1e3 / calls)
+        out.append((clock() - t0) * 1e3 / calls)
     return out
 
 
@@ -502,11 +490,13 @@ def host_time(fn: Callable, calls: int | None = None) -> bench.Measurement:
 
 
 def issue_time(fn: Callable, calls: int | None = None) -> float:
-    """Host ms per call of ``fn`` until its calls are issued (``host_loops(until_issued=True)``,
-    the median of 5 loops): the host's cost alone, for the log beside ``host_time``. The two
-    agree where the host is the slower side; where a call keeps the GPU busier than its launch
-    keeps the host (matmul's one row against a 32-MiB weight), only this one is the host's."""
-    return sorted(host_loops(fn, calls or device.pick(HOST_CALLS, 2), 5, until_issued=True))[2]
+    """Host ms per call of ``fn`` until its calls are issued, the GPU not waited for
+    (``bench.host_launch_ms``, which matmul's tuner charges too; the least of 5 loops): the host's
+    cost alone, for the log beside ``host_time``. The two agree where the host is the slower side;
+    where a call keeps the GPU busier than its launch keeps the host (matmul's one row against a
+    32-MiB weight), only this one is the host's, as long as the launch queue has room (about a
+    thousand launches, as observed; not documented) and no call synchronizes."""
+    return bench.host_launch_ms(fn, calls or device.pick(HOST_CALLS, 2), rounds=5)
 
 
 def host_cases(quick: bool) -> list[Case]:
