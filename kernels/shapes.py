@@ -662,13 +662,19 @@ def latest_sweep(records: list[dict]) -> tuple[str | None, list[dict]]:
     return latest, list(by_case.values())
 
 
+def _timed_and_host(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """A sweep's timed cases (a speed-up) and its host rows (a time), error rows in neither."""
+    host = [r for r in records if r["bench"].endswith("/host") and r.get("ms")]
+    timed = [r for r in records if not r["bench"].endswith("/host") and r.get("speedup")]
+    return timed, host
+
+
 def goals(records: list[dict]) -> dict[str, list[dict]]:
     """The records of one sweep that miss a goal, worst first: ``"speedup"`` (a timed case below
     ``SPEEDUP_GOAL`` x PyTorch), ``"copy"`` (a memory-bound case over ``DEVICE_ABOVE_BYTES`` below
     ``COPY_GOAL`` of the copy bandwidth), ``"host"`` (a host row more than ``HOST_GOAL_US`` above
     PyTorch's), ``"error"`` (a case that raised)."""
-    host = [r for r in records if r["bench"].endswith("/host") and r.get("ms")]
-    timed = [r for r in records if not r["bench"].endswith("/host") and r.get("speedup")]
+    timed, host = _timed_and_host(records)
 
     def moved(r: dict) -> float:  # bytes the case moves, from its (rounded) GB/s and time
         return (r.get("gbps") or 0) * r["ms"] * 1e6
@@ -692,8 +698,7 @@ def report(path: Path) -> str:
     if date is None:
         return f"no shapes records in {path}"
     miss = goals(recs)
-    timed = sum(1 for r in recs if not r["bench"].endswith("/host") and r.get("speedup"))
-    host = sum(1 for r in recs if r["bench"].endswith("/host") and r.get("ms"))
+    timed, host = map(len, _timed_and_host(recs))
     out = [f"{path.name}, sweep of {date}: {len(recs)} records, {timed} timed, {host} host rows",
            f"below {SPEEDUP_GOAL}x PyTorch: {len(miss['speedup'])} of {timed}"]  # fmt: skip
     out += [_line(r, "") for r in miss["speedup"]]
