@@ -32,7 +32,8 @@ def test_compiles_for_sm90a_into_its_instructions(compiled):
     kernels = {
         n: s for n, s in hgemm_check.sass_by_kernel(compiled.sass).items() if "bwd_kernelILb" in n
     }
-    assert len(kernels) == 4  # causal or not, two or three ring slots
+    # causal or not, two or three ring slots, each schedule
+    assert len(kernels) == 4 * len(fa_ws_bwd.VARIANTS)
     for name, sass in kernels.items():
         small = re.findall(r"HGMMA\.64x64x16\.F32\.BF16 ([^;]*);", sass)
         wide = re.findall(r"HGMMA\.64x128x16\.F32\.BF16 ([^;]*);", sass)
@@ -95,6 +96,23 @@ def test_variants_match_the_default(stages, group_heads, causal):
 
 
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (sm_90a) and nvcc")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("variant", fa_ws_bwd.VARIANTS)
+def test_schedules_match_the_first(variant, causal):
+    # The schedule changes when the loop waits and who issues dQ's reductions, not the arithmetic:
+    # dK and dV bit for bit, dQ (its reductions may land in another order) up to rounding.
+    g = torch.Generator(device=device.DEVICE).manual_seed(9)
+    q, k, v, do = (torch.randn(2, 3, 333, 128, generator=g, device=device.DEVICE, dtype=BF16)
+                   for _ in range(4))  # fmt: skip
+    o, lse = fa_ws.attention(q, k, v, causal=causal)
+    want = fa_ws_bwd.backward(q, k, v, o, lse, do, causal=causal, variant=0)
+    got = fa_ws_bwd.backward(q, k, v, o, lse, do, causal=causal, variant=variant)
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+    torch.testing.assert_close(got[2], want[2], rtol=0, atol=0)
+    torch.testing.assert_close(got[0].float(), want[0].float(), rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (sm_90a) and nvcc")
 def test_matches_the_triton_backward():
     from kernels import flash_attention as fa
 
@@ -136,6 +154,8 @@ def test_rejects_bad_input():
         fa_ws_bwd.backward(q, q, q, q, lse, q, stages=4)
     with pytest.raises(ValueError, match="group_heads must be"):
         fa_ws_bwd.backward(q, q, q, q, lse, q, group_heads=-1)
+    with pytest.raises(ValueError, match="variant must be"):
+        fa_ws_bwd.backward(q, q, q, q, lse, q, variant=8)
     with pytest.raises(ValueError, match="head dimension"):
         x = torch.zeros(1, 1, 8, 64, dtype=BF16)
         fa_ws_bwd.backward(x, x, x, x, lse, x)

@@ -18,6 +18,12 @@
 //   key, K with d contiguous) and adds it into an fp32 dQ in global memory with TMA bulk
 //   reductions (cp.reduce.async.bulk.tensor .add), one per 8-column box of a staging tile.
 //
+// Schedules (the kernel's VARIANT bits, kernels/cuda/fa_ws_bwd.py's VARIANTS): with STATS_SMEM the
+// producer brings each tile's lse and delta into shared memory with Q and dO (the consumers' global
+// loads waited on L2); with DQ_WARPS producer warps 1 and 2 issue the dQ reductions, so a consumer
+// only stages its tile and signals; with DS_REGS dS^T is packed into registers of its own, so dK is
+// issued while dV still reads P^T; with DS_STMATRIX dS^T is stored by four stmatrix a step.
+//
 // A prep kernel computes delta, copies lse beside it into rows padded to whole query tiles, and zeroes
 // the fp32 dQ first; a convert kernel scales dQ by sm_scale into bf16 afterwards (fa_ws_backward
 // launches all three).
@@ -39,11 +45,21 @@ constexpr int DS_TILE = BN * BM * 2;   // dS^T, 128 keys x 64 queries bf16: 16 K
 constexpr int DQ_HALF = BM * 64 * 4;   // one consumer's dQ staging: 64 queries x 64 fp32 = 16 KB,
 constexpr int DQ_COLS = 8;             // as eight TMA boxes of 8 columns: 32-byte rows, no swizzle
 constexpr int DQ_BOX = BM * DQ_COLS * 4;
-// K, V; per stage Q and dO; dS^T; dQ staging for both consumers; 1 KB of alignment slack; the
-// barriers: K/V full, then per stage Q full, dO full and empty.
+constexpr int ROW_STATS = BM * 4;     // one query tile's lse (or delta): 64 fp32 = 256 bytes
+// K, V; per stage Q and dO; dS^T; dQ staging for both consumers; per stage the tile's lse and delta;
+// 1 KB of alignment slack; the barriers: K/V full, then per stage Q full, dO full and empty.
 constexpr int smem_bytes(int stages) {
-  return 2 * KV_TILE + stages * 2 * Q_TILE + DS_TILE + 2 * DQ_HALF + 1024 + (1 + 3 * stages) * 8;
+  return 2 * KV_TILE + stages * 2 * Q_TILE + DS_TILE + 2 * DQ_HALF + stages * 2 * ROW_STATS + 1024 +
+         (1 + 3 * stages) * 8;
 }
+// The schedule's bits (VARIANT); only combinations that do not spill registers are built:
+constexpr int STATS_SMEM = 1;  // the producer bulk-copies each tile's lse and delta into shared memory
+constexpr int DQ_WARPS = 2;    // producer warps 1 and 2 issue consumer 0's and 1's dQ reductions
+constexpr int DS_REGS = 4;     // dS^T packed into its own registers: dK need not wait for dV
+constexpr int DS_STMATRIX = 8; // dS^T stored with stmatrix (4 instructions, 4 addresses a step)
+// Named barriers: 1, 2 the dS^T exchange; 3 + c consumer c's dQ staging (without DQ_WARPS); with it
+// DQ_FULL + c (staging written) and DQ_EMPTY + c (its reductions have read it), 160 threads each.
+constexpr int DQ_FULL = 5, DQ_EMPTY = 7, DQ_THREADS = 128 + 32;
 constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 static_assert(smem_bytes(3) <= 227 * 1024, "shared memory per block, three ring slots");
@@ -87,6 +103,46 @@ __device__ __forceinline__ uint64_t desc(uint32_t lo) {
   return (desc_mn(0) & ~0xFFFFFFFFull) | lo;
 }
 }  // namespace fabwd
+
+// One contiguous run of `bytes` bytes (a multiple of 16, both addresses 16-byte aligned) from global
+// into shared memory, completing that many transaction bytes on `bar` (a non-tensor TMA copy).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// A 128-column tile as two TMA boxes (fa_ws.cu's load_tile) and, on the same barrier, one row of
+// statistics (ROW_STATS bytes).
+__device__ __forceinline__ void load_tile_and_stats(uint32_t dst, const CUtensorMap* map, uint32_t full, int row,
+                                                    uint32_t stats_dst, const float* stats_src) {
+  using namespace fabwd;
+  mbar_arrive_expect_tx(full, 2 * Q_HALF + ROW_STATS);
+  tma_load_2d(dst, map, full, 0, row);
+  tma_load_2d(dst + Q_HALF, map, full, 64, row);
+  bulk_load(stats_dst, stats_src, ROW_STATS, full);
+}
+__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// The eight TMA reductions (boxes of 8 columns) of one consumer's staged dQ tile into rows q_row..
+// of the fp32 accumulator, columns 64c.., committed as one bulk group.
+__device__ __forceinline__ void reduce_dq(const CUtensorMap* map_dq, uint32_t stage, int c, int q_row) {
+  using namespace fabwd;
+#pragma unroll
+  for (int box = 0; box < 64 / DQ_COLS; ++box)
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+            reinterpret_cast<uint64_t>(map_dq)),
+        "r"(64 * c + DQ_COLS * box), "r"(q_row), "r"(stage + box * DQ_BOX)
+        : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
 
 // One consumer's rows.
 struct BwdConsumer {
@@ -140,8 +196,22 @@ __device__ __forceinline__ int query_of(const BwdConsumer& me, int q0, int jj, i
 
 // dS^T (bf16 pairs, the A fragments) into the shared 128 x 64 tile of dS^T: key row 64c + r, query
 // columns in 128-byte swizzled rows, the layout the dQ product reads as its MN-major A operand.
+// STMATRIX: one stmatrix.x4 per k16 slice t instead of 16 32-bit stores (the four 8 x 8 matrices of
+// a[t] are rows r0 .. r0 + 7 and r0 + 8 .., columns 16t .. and 16t + 8 ..; lane l gives the address of
+// row l % 8 of matrix l / 8).
+template <bool STMATRIX>
 __device__ __forceinline__ void store_ds(uint32_t ds_tile, const uint32_t (&a)[fabwd::BM / 16][4],
                                          const BwdConsumer& me) {
+  if (STMATRIX) {
+    const int j = me.lane / 8, row = 64 * me.c + 16 * me.warp + me.lane % 8 + 8 * (j & 1);
+#pragma unroll
+    for (int t = 0; t < fabwd::BM / 16; ++t)
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                       ds_tile + swizzle_128b(row, 2 * t + (j >> 1))),
+                   "r"(a[t][0]), "r"(a[t][1]), "r"(a[t][2]), "r"(a[t][3])
+                   : "memory");
+    return;
+  }
   const int r = 64 * me.c + 16 * me.warp + me.lane / 4;
 #pragma unroll
   for (int t = 0; t < fabwd::BM / 16; ++t)
@@ -154,10 +224,10 @@ __device__ __forceinline__ void store_ds(uint32_t ds_tile, const uint32_t (&a)[f
     }
 }
 
-// STAGES: slots of the Q/dO ring (2 or 3). group_heads > 0: a 1-D grid, blocks ordered in groups of
-// that many heads, key tiles of a group ascending (with the causal mask, the longest first), heads
-// fastest within a key tile; 0: the 2-D grid (key tiles fastest, then heads).
-template <bool CAUSAL, int STAGES>
+// STAGES: slots of the Q/dO ring (2 or 3); VARIANT: the schedule's bits. group_heads > 0: a 1-D grid,
+// blocks ordered in groups of that many heads, key tiles of a group ascending (with the causal mask,
+// the longest first), heads fastest within a key tile; 0: the 2-D grid (key tiles fastest, then heads).
+template <bool CAUSAL, int STAGES, int VARIANT>
 __global__ void __launch_bounds__(fabwd::NT, 1)
     fa_ws_bwd_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                      const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
@@ -169,8 +239,11 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
   const uint32_t k_tile = smem_base_1024(smem), v_tile = k_tile + KV_TILE;
   const uint32_t ring = v_tile + KV_TILE;  // per stage: Q tile, then dO tile
   const uint32_t ds_tile = ring + STAGES * 2 * Q_TILE, dq_stage = ds_tile + DS_TILE;
-  const uint32_t kv_full = dq_stage + 2 * DQ_HALF, q_full = kv_full + 8, do_full = q_full + STAGES * 8,
-                 empty = do_full + STAGES * 8;
+  // Per stage the tile's lse (ROW_STATS bytes), then its delta.
+  const uint32_t row_stats = dq_stage + 2 * DQ_HALF;
+  const uint32_t kv_full = row_stats + STAGES * 2 * ROW_STATS, q_full = kv_full + 8,
+                 do_full = q_full + STAGES * 8, empty = do_full + STAGES * 8;
+  constexpr bool stats_smem = VARIANT & STATS_SMEM, dq_warps = VARIANT & DQ_WARPS, ds_regs = VARIANT & DS_REGS;
   int key_tile = blockIdx.x, bh = blockIdx.y;
   if (group_heads > 0) {
     const int key_tiles = HG_CEIL_DIV(N, BN), per_group = group_heads * key_tiles;
@@ -207,10 +280,32 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
         const int s = i % STAGES;
         if (i >= STAGES) mbar_wait(empty + 8 * s, (i / STAGES - 1) & 1);
         const uint32_t q_slot = ring + s * 2 * Q_TILE, do_slot = q_slot + Q_TILE;
-        const int q_row = bh * N + (first + i) * BM;
-        load_tile(q_slot, &map_q, q_full + 8 * s, q_row, Q_HALF);  // two boxes of 64 rows
-        load_tile(do_slot, &map_do, do_full + 8 * s, q_row, Q_HALF);
+        const int q0 = (first + i) * BM, q_row = bh * N + q0;
+        if (stats_smem) {
+          const int64_t at = static_cast<int64_t>(bh) * n_pad + q0;
+          const uint32_t lse_slot = row_stats + s * 2 * ROW_STATS;
+          load_tile_and_stats(q_slot, &map_q, q_full + 8 * s, q_row, lse_slot, lse_pad + at);
+          load_tile_and_stats(do_slot, &map_do, do_full + 8 * s, q_row, lse_slot + ROW_STATS, delta_pad + at);
+        } else {
+          load_tile(q_slot, &map_q, q_full + 8 * s, q_row, Q_HALF);  // two boxes of 64 rows
+          load_tile(do_slot, &map_do, do_full + 8 * s, q_row, Q_HALF);
+        }
       }
+    } else if (dq_warps && threadIdx.x >= 32 && threadIdx.x < 32 * (1 + CONSUMERS)) {
+      // Warp 1 + c adds consumer c's staged dQ tile of each step into the fp32 accumulator, and
+      // frees the staging once the reductions have read it.
+      const int c = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0) - 1;
+      const uint32_t stage = dq_stage + c * DQ_HALF;
+      for (int i = 0; i < steps; ++i) {
+        named_sync(DQ_FULL + c, DQ_THREADS);
+        if (threadIdx.x % 32 == 0) {
+          reduce_dq(&map_dq, stage, c, bh * N + (first + i) * BM);
+          asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        }
+        __syncwarp();
+        if (i + 1 < steps) bar_arrive(DQ_EMPTY + c, DQ_THREADS);
+      }
+      if (threadIdx.x % 32 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     }
   } else {
     // ---- consumers
@@ -233,8 +328,10 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
     // The staging of this consumer's dQ columns: box jj (columns 8jj ..), row q at 32 q bytes.
     const uint32_t stage = dq_stage + c * DQ_HALF;
     const uint32_t dq_at = stage + (16 * me.warp + me.lane / 4) * 32 + 8 * (me.lane % 4);
+    // With STATS_SMEM: this thread's first lse in a ring slot's row of statistics (delta ROW_STATS on).
+    const uint32_t stats_at = row_stats + 8 * (me.lane % 4);
     float dk[64], dv[64], x[32], y[32];
-    uint32_t a[BM / 16][4];
+    uint32_t a[BM / 16][4], b[BM / 16][4];  // P^T, and with DS_REGS dS^T, as A operands
 #pragma unroll
     for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
     mbar_wait(kv_full, 0);
@@ -251,11 +348,16 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       issue_keys_by_queries(x, k_lo, q_lo);
       mbar_wait(do_full + 8 * s, parity);
       issue_keys_by_queries(y, v_lo, do_lo);
+      const uint32_t lse_at = stats_at + s * 2 * ROW_STATS;
       float2 lse_q[BM / 8], delta_q[BM / 8];
 #pragma unroll
       for (int jj = 0; jj < BM / 8; ++jj) {
-        lse_q[jj] = *reinterpret_cast<const float2*>(lse_row + q0 + 8 * jj);
-        delta_q[jj] = *reinterpret_cast<const float2*>(delta_row + q0 + 8 * jj);
+        if (stats_smem) {
+          lse_q[jj] = ld_shared_f2(lse_at + 32 * jj);
+        } else {
+          lse_q[jj] = *reinterpret_cast<const float2*>(lse_row + q0 + 8 * jj);
+          delta_q[jj] = *reinterpret_cast<const float2*>(delta_row + q0 + 8 * jj);
+        }
       }
       wgmma_wait<1>();  // S^T is done; dP^T may still run while P is computed
       fence_operands(x);
@@ -282,7 +384,8 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       issue_keys_by_d(dv, a, desc_lo(do_slot, Q_HALF));
       // dS^T = P^T (dP^T - delta)
 #pragma unroll
-      for (int jj = 0; jj < BM / 8; ++jj)
+      for (int jj = 0; jj < BM / 8; ++jj) {
+        if (stats_smem) delta_q[jj] = ld_shared_f2(lse_at + ROW_STATS + 32 * jj);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -290,19 +393,24 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
             const int k = 4 * jj + 2 * h + e;
             y[k] = x[k] * (y[k] - (e ? delta_q[jj].y : delta_q[jj].x));
           }
-      wgmma_wait<0>();  // dV's product read the packed P: now a may be overwritten
-      fence_operands(dv);
-      pack_a(a, y);
+      }
+      // dS^T packed: into b while dV's product still reads a (DS_REGS), or into a once it is done.
+      uint32_t(&ds)[BM / 16][4] = ds_regs ? b : a;
+      if (!ds_regs) {
+        wgmma_wait<0>();  // dV's product read the packed P: now a may be overwritten
+        fence_operands(dv);
+      }
+      pack_a(ds, y);
       // dS^T to shared memory, once the other consumer's previous dQ product is done with it, and
-      // before the dK product takes a as its operand (registers an in-flight wgmma reads may not
+      // before the dK product takes it as its operand (registers an in-flight wgmma reads may not
       // be accessed until it is waited for).
       named_sync(1, 256);
-      store_ds(ds_tile, a, me);
+      store_ds<(VARIANT & DS_STMATRIX) != 0>(ds_tile, ds, me);
       fence_proxy_async();
       // dK_c += dS^T Q, then (both consumers' dS^T in shared memory) dQ[:, 64c .. 64c + 63] =
       // dS K_{:, 64c ..} into x (P is dead): A = dS^T stored key-major (MN-major A), B = the K box
-      // c, d contiguous (MN-major B); 8 k16 slices of 16 keys. One wait for both.
-      issue_keys_by_d(dk, a, desc_lo(q_slot, Q_HALF));
+      // c, d contiguous (MN-major B); 8 k16 slices of 16 keys. One wait for all.
+      issue_keys_by_d(dk, ds, desc_lo(q_slot, Q_HALF));
       named_sync(2, 256);
       wgmma_fence();
       fence_operands(x);
@@ -313,11 +421,16 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dk);
+      fence_operands(dv);
       fence_operands(x);
       if (me.lane == 0) mbar_arrive(empty + 8 * s);  // Q and dO of this slot are no longer read
       // This consumer's staging tile is free once its previous reduction has read it.
-      if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-      named_sync(3 + c, 128);
+      if (dq_warps) {
+        if (i > 0) named_sync(DQ_EMPTY + c, DQ_THREADS);
+      } else {
+        if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        named_sync(3 + c, 128);
+      }
       // Eight boxes of 8 columns, 32-byte rows: each half-warp's 8-byte stores cover four whole rows,
       // 128 contiguous bytes, so no two of its threads share a bank. (Two boxes of 32 columns in
       // 128-byte swizzled rows put rows r and r ^ 1 on the same banks: two-way conflicts, 68 M of
@@ -330,19 +443,14 @@ __global__ void __launch_bounds__(fabwd::NT, 1)
                        "f"(x[4 * jj + 2 * h]), "f"(x[4 * jj + 2 * h + 1])
                        : "memory");
       fence_proxy_async();
-      named_sync(3 + c, 128);
-      if (threadIdx.x % 128 == 0) {
-#pragma unroll
-        for (int box = 0; box < 64 / DQ_COLS; ++box)
-          asm volatile(
-              "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n"
-              ::"l"(reinterpret_cast<uint64_t>(&map_dq)), "r"(64 * c + DQ_COLS * box), "r"(bh * N + q0),
-              "r"(stage + box * DQ_BOX)
-              : "memory");
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      if (dq_warps) {
+        bar_arrive(DQ_FULL + c, DQ_THREADS);  // producer warp 1 + c issues the reductions
+      } else {
+        named_sync(3 + c, 128);
+        if (threadIdx.x % 128 == 0) reduce_dq(&map_dq, stage, c, bh * N + q0);
       }
     }
-    if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    if (!dq_warps && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 
     // dK (times sm_scale: s = sm_scale q.k) and dV of the rows this thread holds, rows past N not.
 #pragma unroll
@@ -427,7 +535,7 @@ constexpr int fabwd_padded(int N) { return HG_CEIL_DIV(N, fabwd::BM) * fabwd::BM
 const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf16* O, const bf16* dO,
                            const float* lse, float* stats, float* dq_acc, bf16* dQ, bf16* dK, bf16* dV,
                            int BH, int N, float qk_scale, float sm_scale, bool causal, int stages,
-                           int group_heads, cudaStream_t s) {
+                           int group_heads, int variant, cudaStream_t s) {
   using namespace fabwd;
   CUtensorMap map_q, map_k, map_v, map_do, map_dq;
   const char* err;
@@ -436,11 +544,19 @@ const char* fa_ws_backward(const bf16* Q, const bf16* K, const bf16* V, const bf
   if ((err = hgemm_tensor_map(&map_k, K, BH * N, D, BN))) return err;
   if ((err = hgemm_tensor_map(&map_v, V, BH * N, D, BN))) return err;
   if ((err = fabwd_dq_map(&map_dq, dq_acc, BH * N))) return err;
-  using Kernel = decltype(&fa_ws_bwd_kernel<false, 2>);
-  const Kernel kernels[2][2] = {{fa_ws_bwd_kernel<false, 2>, fa_ws_bwd_kernel<false, 3>},
-                                {fa_ws_bwd_kernel<true, 2>, fa_ws_bwd_kernel<true, 3>}};
   if (stages != 2 && stages != 3) return "stages must be 2 or 3";
-  const Kernel kernel = kernels[causal][stages - 2];
+  using Kernel = decltype(&fa_ws_bwd_kernel<false, 2, 0>);
+  Kernel kernel = nullptr;
+#define FB_CASE(V)                                                                                  \
+  case V:                                                                                           \
+    kernel = causal ? (stages == 2 ? fa_ws_bwd_kernel<true, 2, V> : fa_ws_bwd_kernel<true, 3, V>)   \
+                    : (stages == 2 ? fa_ws_bwd_kernel<false, 2, V> : fa_ws_bwd_kernel<false, 3, V>); \
+    break;
+  switch (variant) {
+    FB_CASE(0) FB_CASE(1) FB_CASE(9) FB_CASE(11) FB_CASE(13) FB_CASE(15)
+    default: return "variant must be 0, 1, 9, 11, 13 or 15";
+  }
+#undef FB_CASE
   const int smem = smem_bytes(stages);
   if ((err = hgemm_allow_smem(kernel, smem))) return err;
   const int rows = BH * N, n_pad = fabwd_padded(N), padded_rows = BH * n_pad;

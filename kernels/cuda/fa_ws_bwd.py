@@ -30,10 +30,18 @@ CAUSAL_GROUP_HEADS = 2
 # (results/profiles/2026-11-27-nvidia-h100-80gb-hbm3-fa-ws-bwd.txt, runs H and I); 0.91-0.95x at 512
 # and 0.91-0.98x at 1,024 again (results/profiles/2026-12-05-nvidia-h100-80gb-hbm3-fa-short.txt).
 FASTER_FROM = 2048
+# The loop's schedules (fa_ws_bwd.cu, bits of its VARIANT): 1 lse and delta brought into shared
+# memory by the producer, 2 dQ's reductions issued by producer warps, 4 dS^T in registers of its own
+# (dK need not wait for dV), 8 dS^T stored with stmatrix; the others spill registers. On an H100 (one
+# process, 2,048-8,192 tokens) 15 ran 1.09-1.20x faster than 0, at 0.89-1.01x cuDNN's backward
+# (results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-fa-bwd-schedules.txt). The default stays 0,
+# the schedule the GPU test suite and compute-sanitizer have run, until they have run 15 too.
+VARIANTS = (0, 1, 9, 11, 13, 15)
+VARIANT = 0
 SIGNATURE = (
     "std::vector<torch::Tensor> fa_ws_bwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
     "torch::Tensor o, torch::Tensor lse, torch::Tensor dout, bool causal, double sm_scale, "
-    "int64_t stages, int64_t group_heads);"
+    "int64_t stages, int64_t group_heads, int64_t variant);"
 )
 
 
@@ -61,15 +69,19 @@ def backward(
     *,
     stages: int = 2,
     group_heads: int | None = None,
+    variant: int = VARIANT,
 ):
     """``(dq, dk, dv)`` of ``o = attention(q, k, v)`` for the upstream gradient ``do``: bf16
     ``[B, H, N, 128]`` tensors and the forward's fp32 ``lse`` ``[B, H, N]`` (log2 units).
     ``stages`` (2 or 3): slots of the Q/dO ring; ``group_heads``: 0 for the 2-D grid, or order the
     blocks in groups of that many heads, key tiles ascending (the causal mask's longest first);
-    ``None`` picks ``CAUSAL_GROUP_HEADS`` with the causal mask and 0 without (page 4.12)."""
+    ``None`` picks ``CAUSAL_GROUP_HEADS`` with the causal mask and 0 without (page 4.12);
+    ``variant``: the loop's schedule, one of ``VARIANTS``."""
     scale = fa_ws._check(q, k, v, sm_scale)
     if stages not in (2, 3):
         raise ValueError(f"stages must be 2 or 3, got {stages!r}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if group_heads is None:
         group_heads = CAUSAL_GROUP_HEADS if causal else 0
     if not isinstance(group_heads, int) or group_heads < 0:
@@ -86,7 +98,17 @@ def backward(
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, o, do = (ladder._aligned(t.contiguous()) for t in (q, k, v, o, do))
     dq, dk, dv = _module().fa_ws_bwd(
-        q, k, v, o, lse.contiguous(), do, bool(causal), scale, int(stages), int(group_heads)
+        q,
+        k,
+        v,
+        o,
+        lse.contiguous(),
+        do,
+        bool(causal),
+        scale,
+        int(stages),
+        int(group_heads),
+        variant,
     )
     return dq, dk, dv
 

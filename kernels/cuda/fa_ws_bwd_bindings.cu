@@ -7,7 +7,7 @@
 
 std::vector<torch::Tensor> fa_ws_bwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o,
                                      torch::Tensor lse, torch::Tensor dout, bool causal, double sm_scale,
-                                     int64_t stages, int64_t group_heads) {
+                                     int64_t stages, int64_t group_heads, int64_t variant) {
   for (const auto* t : {&q, &k, &v, &o, &dout}) {
     TORCH_CHECK(t->is_cuda() && t->scalar_type() == torch::kBFloat16 && t->is_contiguous(),
                 "q, k, v, o and dout must be contiguous bf16 CUDA tensors");
@@ -31,7 +31,7 @@ std::vector<torch::Tensor> fa_ws_bwd(torch::Tensor q, torch::Tensor k, torch::Te
   const char* err = fa_ws_backward(in(q), in(k), in(v), in(o), in(dout), lse.data_ptr<float>(),
                                    stats.data_ptr<float>(), dq_acc.data_ptr<float>(), out(dq), out(dk),
                                    out(dv), BH, N, qk_scale, static_cast<float>(sm_scale), causal,
-                                   static_cast<int>(stages), static_cast<int>(group_heads),
+                                   static_cast<int>(stages), static_cast<int>(group_heads), static_cast<int>(variant),
                                    at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, "fa_ws_bwd: ", err ? err : "");
   C10_CUDA_KERNEL_LAUNCH_CHECK();
