@@ -130,7 +130,7 @@ def test_cuda_forward_and_backward_plumbing(monkeypatch, causal, cuda_bwd):
     )
     bwd, bwd_calls = _as(
         fa_ws_bwd.backward,
-        lambda q, k, v, o, lse, do, causal, sm_scale, stages, group_heads: fa._backward(
+        lambda q, k, v, o, lse, do, causal, sm_scale, stages, group_heads, variant: fa._backward(
             q, k, v, o, lse, do, causal, sm_scale
         ),
     )
