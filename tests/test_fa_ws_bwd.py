@@ -97,7 +97,7 @@ def test_variants_match_the_default(stages, group_heads, causal):
 
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (sm_90a) and nvcc")
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("variant", fa_ws_bwd.VARIANTS)
+@pytest.mark.parametrize("variant", [v for v in fa_ws_bwd.VARIANTS if v])  # each against 0
 def test_schedules_match_the_first(variant, causal):
     # The schedule changes when the loop waits and who issues dQ's reductions, not the arithmetic:
     # dK and dV bit for bit, dQ (its reductions may land in another order) up to rounding.

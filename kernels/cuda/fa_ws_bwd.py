@@ -97,18 +97,9 @@ def backward(
     if q.numel() == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, o, do = (ladder._aligned(t.contiguous()) for t in (q, k, v, o, do))
+    tensors = (q, k, v, o, lse.contiguous(), do)
     dq, dk, dv = _module().fa_ws_bwd(
-        q,
-        k,
-        v,
-        o,
-        lse.contiguous(),
-        do,
-        bool(causal),
-        scale,
-        int(stages),
-        int(group_heads),
-        variant,
+        *tensors, bool(causal), scale, int(stages), int(group_heads), int(variant)
     )
     return dq, dk, dv
 
