@@ -43,11 +43,15 @@ constexpr int TILE = 2 * HALF;      // a 128 x 128 tile as two boxes side by sid
 // Q, then per stage K and V; 1 KB of alignment slack; the barriers: Q full, then full K, full V and
 // empty per stage, then Q empty (the persistent kernel's: Q is reloaded for every tile).
 constexpr int SMEM = TILE + STAGES * 2 * TILE + 1024 + (2 + 3 * STAGES) * 8;
+// The persistent kernel keeps two Q tiles (the next tile's Q lands while this one runs), each with
+// a full and an empty barrier.
+constexpr int Q_SLOTS = 2;
+constexpr int SMEM_PERSISTENT = Q_SLOTS * TILE + STAGES * 2 * TILE + 1024 + (2 * Q_SLOTS + 3 * STAGES) * 8;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 // The persistent kernel's tiles per group of heads (about two waves of blocks on an H100).
 constexpr int GROUP_TILES = 256;
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
-static_assert(SMEM <= 227 * 1024, "shared memory per block");
+static_assert(SMEM <= 227 * 1024 && SMEM_PERSISTENT <= 227 * 1024, "shared memory per block");
 // With square tiles only a block's last key tile holds keys past its rows (the diagonal, causal) or
 // past N: the softmax masks that tile alone.
 static_assert(BM == BN, "the masked tile is the last one");
@@ -393,8 +397,14 @@ __global__ void __launch_bounds__(faws::NT, 1)
 // epilogue, and the ramp of every tile, no longer leave the tensor cores idle), and a block that
 // drew short causal tiles draws more. Causal tiles go longest first within a group of heads, so
 // the short ones fill the end. The K/V ring
-// runs on across tiles (a fill counter g, not the key index, picks the slot and the phase); a
-// second barrier, Q empty, tells the producer when the consumers are done with a tile's Q.
+// runs on across tiles (a fill counter g, not the key index, picks the slot and the phase). Q has
+// two slots, tile `it` in slot it % 2, each with a full barrier and an empty one (the consumers
+// are done with that Q): the producer draws the next tile and loads its Q as soon as it has issued
+// this tile's last K and V, so the next tile's first scores need not wait for the counter's atomic
+// and Q's trip from memory. (With one slot the producer waited for the last S of a tile before it
+// drew the next. On an H100 the second slot took the masked forward at 512 tokens from 0.75x to
+// 0.82x cuDNN; without the mask, and from 1,024 tokens, it moved within the runs' spread:
+// results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-fa-q-slots.txt.)
 template <bool CAUSAL>
 __global__ void __launch_bounds__(faws::NT, 1)
     fa_ws_persistent_kernel(const __grid_constant__ CUtensorMap map_q,
@@ -405,10 +415,10 @@ __global__ void __launch_bounds__(faws::NT, 1)
   extern __shared__ uint8_t smem[];
   // The block's current tile, written by the producer before it arrives on Q full (an arrive
   // releases, a wait acquires: the consumers see it once their wait on Q full returns).
-  __shared__ int current_tile;
-  const uint32_t q_tile = smem_base_1024(smem), kv = q_tile + TILE;
-  const uint32_t q_full = kv + STAGES * 2 * TILE, k_full = q_full + 8, v_full = k_full + STAGES * 8,
-                 empty = v_full + STAGES * 8, q_empty = empty + STAGES * 8;
+  __shared__ int current_tile[Q_SLOTS];
+  const uint32_t q_tiles = smem_base_1024(smem), kv = q_tiles + Q_SLOTS * TILE;
+  const uint32_t q_full = kv + STAGES * 2 * TILE, q_empty = q_full + Q_SLOTS * 8,
+                 k_full = q_empty + Q_SLOTS * 8, v_full = k_full + STAGES * 8, empty = v_full + STAGES * 8;
   const int m_tiles = HG_CEIL_DIV(N, BM), tiles = m_tiles * BH;
   const int wg = threadIdx.x / 128;
   // Tile t: the tiles go in groups of `heads` heads (about GROUP_TILES tiles, two waves of blocks),
@@ -427,8 +437,11 @@ __global__ void __launch_bounds__(faws::NT, 1)
   };
 
   if (threadIdx.x == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, CONSUMERS * 4);  // lane 0 of every consumer warp
+#pragma unroll
+    for (int q = 0; q < Q_SLOTS; ++q) {
+      mbar_init(q_full + 8 * q, 1);
+      mbar_init(q_empty + 8 * q, CONSUMERS * 4);  // lane 0 of every consumer warp
+    }
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(k_full + 8 * s, 1);
@@ -445,20 +458,21 @@ __global__ void __launch_bounds__(faws::NT, 1)
     if (threadIdx.x == 0) {
       uint32_t g = 0;  // K/V fills so far, over all tiles
       for (int it = 0;; ++it) {
-        // The it-th Q load waits for the consumers' release of Q number it - 1 (they read the
-        // tile number before they start on Q, so it is free too).
-        if (it > 0) mbar_wait(q_empty, (it - 1) & 1);
+        // Q slot it % 2 is free once the consumers have released its previous tile, it - 2 (they
+        // read the tile number before they start on Q, so that is free too).
+        const int qs = it % Q_SLOTS;
+        if (it >= Q_SLOTS) mbar_wait(q_empty + 8 * qs, (it / Q_SLOTS - 1) & 1);
         // Tiles are handed out dynamically: the first one per block, then whichever comes next
         // off a global counter, so a block that drew short (causal) tiles draws more of them.
         const int t = it == 0 ? blockIdx.x : gridDim.x + atomicAdd(tile_counter, 1);
-        current_tile = t;
+        current_tile[qs] = t;
         if (t >= tiles) {  // no tile left: one arrival without bytes releases the consumers
-          mbar_arrive(q_full);
+          mbar_arrive(q_full + 8 * qs);
           break;
         }
         int m0, bh, blocks;
         coords(t, m0, bh, blocks);
-        load_tile(q_tile, &map_q, q_full, bh * N + m0);
+        load_tile(q_tiles + qs * TILE, &map_q, q_full + 8 * qs, bh * N + m0);
         for (int j = 0; j < blocks; ++j, ++g) {
           const uint32_t s = g % STAGES;
           if (g >= STAGES) mbar_wait(empty + 8 * s, (g / STAGES - 1) & 1);
@@ -475,13 +489,14 @@ __global__ void __launch_bounds__(faws::NT, 1)
     uint32_t p[BN / 16][4];
     uint32_t g = 0;
     for (int it = 0;; ++it) {
-      mbar_wait(q_full, it & 1);
-      const int t = current_tile;
+      const int qs = it % Q_SLOTS;
+      mbar_wait(q_full + 8 * qs, (it / Q_SLOTS) & 1);
+      const int t = current_tile[qs];
       if (t >= tiles) break;
       int m0, bh, blocks;
       coords(t, m0, bh, blocks);
       const int r0 = m0 + 64 * c + 16 * warp + lane / 4;
-      const Consumer me{q_tile + c * 64 * 128, {r0, r0 + 8}, lane, N, qk_scale};
+      const Consumer me{q_tiles + qs * TILE + c * 64 * 128, {r0, r0 + 8}, lane, N, qk_scale};
 #pragma unroll
       for (int i = 0; i < 64; ++i) o[i] = 0.f;
       m[0] = m[1] = -INFINITY;
@@ -495,7 +510,7 @@ __global__ void __launch_bounds__(faws::NT, 1)
         issue_qk(sc, me, k_tile);
         wgmma_wait<0>();
         fence_operands(sc);
-        if (decltype(mask)::value && lane == 0) mbar_arrive(q_empty);  // the last S: Q is free
+        if (decltype(mask)::value && lane == 0) mbar_arrive(q_empty + 8 * qs);  // the last S: Q is free
         softmax_tile<CAUSAL, decltype(mask)::value>(sc, m, l, alpha, me, j);
         rescale(o, alpha);
         pack_p(p, sc);
@@ -533,9 +548,9 @@ const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* V, bf16* O, 
       return "cudaDeviceGetAttribute(MultiProcessorCount) failed";
     const int tiles = HG_CEIL_DIV(N, BM) * BH;
     auto kernel = causal ? fa_ws_persistent_kernel<true> : fa_ws_persistent_kernel<false>;
-    if ((err = hgemm_allow_smem(kernel, SMEM))) return err;
+    if ((err = hgemm_allow_smem(kernel, SMEM_PERSISTENT))) return err;
     if (tile_counter == nullptr) return "the persistent schedule needs a tile counter";
-    kernel<<<min(sms, tiles), NT, SMEM, s>>>(map_q, map_k, map_v, N, BH, qk_scale, O, lse,
+    kernel<<<min(sms, tiles), NT, SMEM_PERSISTENT, s>>>(map_q, map_k, map_v, N, BH, qk_scale, O, lse,
                                              tile_counter);
     return nullptr;
   }
