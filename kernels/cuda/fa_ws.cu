@@ -41,10 +41,11 @@ constexpr int BM = 128, BN = 128, D = 128, STAGES = 2, CONSUMERS = 2, NT = 128 *
 constexpr int HALF = 128 * 64 * 2;  // one TMA box: 128 rows x 64 bf16 (128-byte swizzled rows)
 constexpr int TILE = 2 * HALF;      // a 128 x 128 tile as two boxes side by side: 32 KB
 // Q, then per stage K and V; 1 KB of alignment slack; the barriers: Q full, then full K, full V and
-// empty per stage, then Q empty (the persistent kernel's: Q is reloaded for every tile).
+// empty per stage (and one spare 8-byte slot: the persistent kernel's Q empty before it had a layout
+// of its own).
 constexpr int SMEM = TILE + STAGES * 2 * TILE + 1024 + (2 + 3 * STAGES) * 8;
-// The persistent kernel keeps two Q tiles (the next tile's Q lands while this one runs), each with
-// a full and an empty barrier.
+// The persistent kernel keeps two Q tiles (the next tile's Q lands while this one runs); its
+// barriers: Q full for each slot, Q empty for each slot, then full K, full V and empty per stage.
 constexpr int Q_SLOTS = 2;
 constexpr int SMEM_PERSISTENT = Q_SLOTS * TILE + STAGES * 2 * TILE + 1024 + (2 * Q_SLOTS + 3 * STAGES) * 8;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
@@ -399,9 +400,9 @@ __global__ void __launch_bounds__(faws::NT, 1)
 // the short ones fill the end. The K/V ring
 // runs on across tiles (a fill counter g, not the key index, picks the slot and the phase). Q has
 // two slots, tile `it` in slot it % 2, each with a full barrier and an empty one (the consumers
-// are done with that Q): the producer draws the next tile and loads its Q as soon as it has issued
-// this tile's last K and V, so the next tile's first scores need not wait for the counter's atomic
-// and Q's trip from memory. (With one slot the producer waited for the last S of a tile before it
+// are done with that Q): the producer draws the next tile and loads its Q once it has issued this
+// tile's last K and V and the slot's previous tile (two back) has released it, so the next tile's
+// first scores need not wait for the counter's atomic and Q's trip from memory. (With one slot the producer waited for the last S of a tile before it
 // drew the next. On an H100 the second slot took the masked forward at 512 tokens from 0.75x to
 // 0.82x cuDNN; without the mask, and from 1,024 tokens, it moved within the runs' spread:
 // results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-fa-q-slots.txt.)
@@ -413,8 +414,8 @@ __global__ void __launch_bounds__(faws::NT, 1)
                             bf16* __restrict__ O, float* __restrict__ lse, int* tile_counter) {
   using namespace faws;
   extern __shared__ uint8_t smem[];
-  // The block's current tile, written by the producer before it arrives on Q full (an arrive
-  // releases, a wait acquires: the consumers see it once their wait on Q full returns).
+  // The tile in each Q slot, written by the producer before it arrives on that slot's Q full (an
+  // arrive releases, a wait acquires: the consumers see it once their wait on Q full returns).
   __shared__ int current_tile[Q_SLOTS];
   const uint32_t q_tiles = smem_base_1024(smem), kv = q_tiles + Q_SLOTS * TILE;
   const uint32_t q_full = kv + STAGES * 2 * TILE, q_empty = q_full + Q_SLOTS * 8,
