@@ -47,7 +47,8 @@ constexpr int SMEM = TILE + STAGES * 2 * TILE + 1024 + (2 + 3 * STAGES) * 8;
 // The persistent kernel keeps two Q tiles (the next tile's Q lands while this one runs); its
 // barriers: Q full for each slot, Q empty for each slot, then full K, full V and empty per stage.
 constexpr int Q_SLOTS = 2;
-constexpr int SMEM_PERSISTENT = Q_SLOTS * TILE + STAGES * 2 * TILE + 1024 + (2 * Q_SLOTS + 3 * STAGES) * 8;
+constexpr int SMEM_PERSISTENT =
+    Q_SLOTS * TILE + STAGES * 2 * TILE + 1024 + (2 * Q_SLOTS + 3 * STAGES) * 8;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 // The persistent kernel's tiles per group of heads (about two waves of blocks on an H100).
 constexpr int GROUP_TILES = 256;
@@ -402,9 +403,10 @@ __global__ void __launch_bounds__(faws::NT, 1)
 // two slots, tile `it` in slot it % 2, each with a full barrier and an empty one (the consumers
 // are done with that Q): the producer draws the next tile and loads its Q once it has issued this
 // tile's last K and V and the slot's previous tile (two back) has released it, so the next tile's
-// first scores need not wait for the counter's atomic and Q's trip from memory. (With one slot the producer waited for the last S of a tile before it
-// drew the next. On an H100 the second slot took the masked forward at 512 tokens from 0.75x to
-// 0.82x cuDNN; without the mask, and from 1,024 tokens, it moved within the runs' spread:
+// first scores need not wait for the counter's atomic and Q's trip from memory. (With one slot the
+// producer waited for the last S of a tile before it drew the next. On an H100 the second slot
+// took the masked forward at 512 tokens from 0.75x to 0.82x cuDNN; without the mask, and from
+// 1,024 tokens, it moved within the runs' spread:
 // results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-fa-q-slots.txt.)
 template <bool CAUSAL>
 __global__ void __launch_bounds__(faws::NT, 1)
@@ -419,7 +421,8 @@ __global__ void __launch_bounds__(faws::NT, 1)
   __shared__ int current_tile[Q_SLOTS];
   const uint32_t q_tiles = smem_base_1024(smem), kv = q_tiles + Q_SLOTS * TILE;
   const uint32_t q_full = kv + STAGES * 2 * TILE, q_empty = q_full + Q_SLOTS * 8,
-                 k_full = q_empty + Q_SLOTS * 8, v_full = k_full + STAGES * 8, empty = v_full + STAGES * 8;
+                 k_full = q_empty + Q_SLOTS * 8, v_full = k_full + STAGES * 8,
+                 empty = v_full + STAGES * 8;
   const int m_tiles = HG_CEIL_DIV(N, BM), tiles = m_tiles * BH;
   const int wg = threadIdx.x / 128;
   // Tile t: the tiles go in groups of `heads` heads (about GROUP_TILES tiles, two waves of blocks),
@@ -511,7 +514,8 @@ __global__ void __launch_bounds__(faws::NT, 1)
         issue_qk(sc, me, k_tile);
         wgmma_wait<0>();
         fence_operands(sc);
-        if (decltype(mask)::value && lane == 0) mbar_arrive(q_empty + 8 * qs);  // the last S: Q is free
+        // The last S of the tile: its Q slot is free.
+        if (decltype(mask)::value && lane == 0) mbar_arrive(q_empty + 8 * qs);
         softmax_tile<CAUSAL, decltype(mask)::value>(sc, m, l, alpha, me, j);
         rescale(o, alpha);
         pack_p(p, sc);
@@ -551,8 +555,8 @@ const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* V, bf16* O, 
     auto kernel = causal ? fa_ws_persistent_kernel<true> : fa_ws_persistent_kernel<false>;
     if ((err = hgemm_allow_smem(kernel, SMEM_PERSISTENT))) return err;
     if (tile_counter == nullptr) return "the persistent schedule needs a tile counter";
-    kernel<<<min(sms, tiles), NT, SMEM_PERSISTENT, s>>>(map_q, map_k, map_v, N, BH, qk_scale, O, lse,
-                                             tile_counter);
+    kernel<<<min(sms, tiles), NT, SMEM_PERSISTENT, s>>>(map_q, map_k, map_v, N, BH, qk_scale, O,
+                                                        lse, tile_counter);
     return nullptr;
   }
   const bool overlap = schedule == 1;
