@@ -407,14 +407,13 @@ def _tune(plans: list[_Plan], a, b, c, M: int, N: int, K: int) -> tuple[_Plan, l
 
 
 def _host_ms(plan: _Plan, a, b, c, M: int, N: int, K: int) -> float:
-    """Host milliseconds per call of ``matmul`` on ``plan`` (``bench.host_launch_ms``): the checks,
-    the output's allocation and the key as well as the launch. Those are the same for every plan,
+    """Host milliseconds per call of ``matmul`` on ``plan`` (``bench.host_launch_ms``): its prologue
+    (the checks and the output's allocation) and the key as well as the launch. Those are the same for every plan,
     but they count against the kernel's time: a launch path that looks cheaper than a short kernel
     alone may not be with them."""
 
     def call():
-        _check(a, b)
-        a.new_empty(M, N)
+        _prologue(a, b)
         _key(a, b, M, N, K, None)
         _launch(plan, a, b, c, M, N, K)
 
@@ -484,6 +483,14 @@ def _complain(a, b):
     _validate.same("a", a, "b", b, shape=False)
 
 
+def _prologue(a, b) -> tuple[int, int, int, torch.Tensor]:
+    """``matmul``'s work before it picks a plan: the checks and the output; (M, N, K, c)."""
+    _check(a, b)
+    M, K = a.shape
+    N = b.shape[1]
+    return M, N, K, a.new_empty(M, N)
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, *, persistent: bool | None = None) -> torch.Tensor:
     """``a @ b`` for 2-D fp16/bf16 tensors of one dtype and any strides, fp32 accumulation, output
     (contiguous) in that dtype.
@@ -497,10 +504,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, persistent: bool | None = None) 
     candidate configurations (seconds); later calls launch the chosen one directly. Inside a CUDA
     graph capture a new case takes the first candidate untimed: warm up before capturing.
     """
-    _check(a, b)
-    M, K = a.shape
-    N = b.shape[1]
-    c = a.new_empty(M, N)
+    M, N, K, c = _prologue(a, b)
     if M == 0 or N == 0:
         return c
     if K == 0:
