@@ -408,9 +408,9 @@ def _tune(plans: list[_Plan], a, b, c, M: int, N: int, K: int) -> tuple[_Plan, l
 
 def _host_ms(plan: _Plan, a, b, c, M: int, N: int, K: int) -> float:
     """Host milliseconds per call of ``matmul`` on ``plan`` (``bench.host_launch_ms``): its prologue
-    (the checks and the output's allocation) and the key as well as the launch. Those are the same for every plan,
-    but they count against the kernel's time: a launch path that looks cheaper than a short kernel
-    alone may not be with them."""
+    (the checks and the output's allocation) and the key as well as the launch. Those are the same
+    for every plan, but they count against the kernel's time: a launch path that looks cheaper than
+    a short kernel alone may not be with them."""
 
     def call():
         _prologue(a, b)
