@@ -90,7 +90,8 @@ def profile(
     """Profile ``steps`` calls of ``fn`` (after ``warmup`` unprofiled ones).
 
     CUDA activity is recorded only in GPU mode. The trace goes to ``keep_dir/<name>.json.gz`` when it
-    is smaller than ``max_bytes`` (so it can be committed), otherwise it stays in a temp dir.
+    is smaller than ``max_bytes`` (so it can be committed) and was recorded on a GPU, otherwise it
+    stays in a temp dir: a CPU run's trace, with no GPU rows, must not replace a GPU run's.
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
@@ -120,7 +121,8 @@ def profile(
     averages[:] = [e for e in averages if e.key != WARMUP_NAME]  # an EventList is a list
     sort_by = "device_time_total" if device.GPU_MODE else "cpu_time_total"
     table = averages.table(sort_by=sort_by, row_limit=row_limit)
-    path, kept = _export_trace(prof, name, None if keep_dir is None else Path(keep_dir), max_bytes)
+    keep = Path(keep_dir) if keep_dir is not None and device.GPU_MODE else None
+    path, kept = _export_trace(prof, name, keep, max_bytes)
     return ProfileResult(table, path, kept, averages)
 
 

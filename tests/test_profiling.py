@@ -173,7 +173,10 @@ def test_profile_table_and_trace(tmp_path):
     res = profiling.profile(fn, steps=3, warmup=1, name="mm", keep_dir=tmp_path)
     assert len(calls) == 4
     assert "aten::mm" in res.table and profiling.WARMUP_NAME not in res.table
-    assert res.kept and res.trace_path == tmp_path / "mm.json.gz"
+    # Kept in keep_dir on a GPU only: a CPU run's trace must not replace a committed GPU trace.
+    assert res.kept == device.GPU_MODE
+    assert (res.trace_path == tmp_path / "mm.json.gz") == device.GPU_MODE
+    assert bool(list(tmp_path.iterdir())) == device.GPU_MODE
     tr = profiling.load_trace(res.trace_path)
     assert len(tr.steps) == 3
     assert sum(1 for s, _ in tr.cpu_ops if tr.window[0] <= s <= tr.window[1]) >= 3
