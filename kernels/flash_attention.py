@@ -137,7 +137,8 @@ def _tune_all(batch_heads: int, n_q: int, n_kv: int) -> bool:
 # causal diagonal folded into the one loop, e.g. a per-tile mask predicate) before the flag can be
 # an autotune option; retry on each Triton upgrade, since the pass is young (its docstring still says
 # "only supported on Blackwell"). kernels/flash_attention_ws.py is that restructured forward, kept
-# apart as an experiment (its sm_90 build is checked to be warp-specialised; untimed so far).
+# apart as an experiment: on an H100 its specialised pipeline gave wrong results (half of each
+# tile's lse, the causal output; its UNSAFE_ENV says how it is refused), so it is untimed.
 
 
 def _smem_limit() -> int:

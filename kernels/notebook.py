@@ -1,4 +1,5 @@
-"""Helpers for the course notebooks: the bootstrap's repository finder and MyST-NB glue.
+"""Helpers for the course notebooks: MyST-NB glue and the book's number formats (``fmt``,
+``fmt_bytes``).
 
 ``glue(name, value)`` stores a value in a notebook's outputs under ``name`` exactly as
 ``myst_nb.glue(..., display=False)`` does, so the book's chapters can paste measured numbers and

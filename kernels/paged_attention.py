@@ -26,7 +26,7 @@ its speed is the speed of reading the cache, and the design follows from that:
   directly.
 - *Pages gathered per tile.* A tile of ``BLOCK_N`` tokens may span several blocks: each token's
   block id comes from the block table and its row address from that id, so tiles need not align
-  with blocks and any block size works.
+  with blocks: any power-of-two block size works.
 
 The number of splits and the grid depend only on shapes (the block table's width), never on the
 values of ``seq_lens``: a decode step can be captured in a CUDA graph and replayed as sequences

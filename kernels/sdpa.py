@@ -58,7 +58,8 @@ def available(
     n_q: int = 128,
 ) -> bool:
     """Whether ``backend`` runs this kind of call here: ``n_q`` queries of ``n_heads`` heads
-    against 256 keys of ``n_kv_heads`` heads (default ``n_heads``; fewer: grouped-query attention
+    against 256 keys (``n_q == 1``, a decode step) or ``n_q`` keys (self-attention) of
+    ``n_kv_heads`` heads (default ``n_heads``; fewer: grouped-query attention
     through ``enable_gqa``). A backend that declines raises, or explains why in a warning: both
     mean False. Probed once per kind of call."""
     n_kv_heads = n_kv_heads or n_heads

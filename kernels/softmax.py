@@ -52,7 +52,7 @@ TILE = 4096
 # flight fit in L2; scripts/gpu/rows_probe.py --sweep times it against this limit. Past it, the
 # looped kernel takes over.
 MAX_FUSED_BLOCK = 65536
-# The backward holds two rows (y and dy) per element: half the forward's width in registers.
+# The backward holds two rows (y and dy) per element: a quarter of the forward's width.
 MAX_FUSED_BLOCK_BWD = 16384
 # Chunk of the looped kernels, their warps, and their programs per SM: each program walks whole
 # rows, so the rows in flight (programs x row bytes) should fit in L2 for the second read to hit.

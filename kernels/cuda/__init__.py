@@ -286,8 +286,8 @@ HGEMM_STEPS = {
 # odd shapes and compute-sanitizer (scripts/gpu/hgemm_probe.py --sanitize --tests) and 200 repeated
 # runs bit for bit on an H100 (2026-11-27), and beat step 11 at every timed shape there.
 HGEMM_DEFAULT_STEP = 12
-# wgmma and setmaxnreg exist only in the architecture-specific sm_90a target (HOPPER.md: the
-# -gencode form, not -arch=sm_90a).
+# wgmma and setmaxnreg exist only in the architecture-specific sm_90a target (nvcc's -gencode
+# form, not -arch=sm_90a).
 HGEMM_ARCH_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a",)
 # Rows of A and Bt are read in 16-byte pieces (cp.async, TMA's row pitch): K must be a multiple of 8.
 HGEMM_K_ALIGN = 8

@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(32 * S) int4_gemv_mma_kernel(
 #define INT4_MMA_CONFIGS(X) \
   X(2, 8, 1) X(2, 8, 2) X(1, 8, 2) X(1, 16, 2) X(2, 16, 1) X(2, 4, 2) X(4, 8, 1) X(2, 8, 3)
 
-// Returns 0 on success, -1 for an unknown (nt, s).
+// Returns 0 on success, -1 for an unknown (nt, s, d).
 inline int int4_gemv_mma_launch(int nt, int s, int d, const void* w, const void* sc, const void* x, void* y,
                                 int M, int N, int K, cudaStream_t stream) {
 #define INT4_MMA_CASE(NT_, S_, D_)                                                          \

@@ -1,5 +1,5 @@
-// The PyTorch entry point of int4_gemv_mma.cu. kernels/quant.py validates and repacks; these checks
-// guard direct calls.
+// The PyTorch entry point of int4_gemv_mma.cu. kernels/quant/ (qgemv.py, cuda_int4.py) validates
+// and repacks; these checks guard direct calls.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <torch/extension.h>

@@ -1,9 +1,9 @@
 // Step 7: tuned parameters. Step 6's kernel is a template over the tile shape (BM, BN, BK) and the
 // per-thread patch (TM, TN). Which shape is best depends on the GPU (SM count, shared memory, register
 // file): rather than guess, we compile every configuration below that satisfies the launch
-// constraints (checked by static_asserts in launch_vectorize: whole float4 load passes, 64-1024
-// threads, at most 48 KiB of static shared memory) and time them all on the GPU at hand
-// (kernels.cuda.tune()). The list is the search space; the winner per GPU is stored in
+// constraints (checked by static_asserts in launch_vectorize: whole float4 load passes, 32-1024
+// threads; the compiler rejects more than 48 KiB of static shared memory) and time them all on the
+// GPU at hand (kernels.cuda.tune()). The list is the search space; the winner per GPU is stored in
 // kernels/cuda/sgemm_tuned.json and used by step 7.
 // clang-format off
 #define SGEMM_TUNE_CONFIGS(X) \

@@ -1,5 +1,6 @@
 // Shared by every step of the SGEMM ladder: C[M, N] = A[M, K] @ B[K, N], fp32, row-major.
-// Each sgemm_0N.cu defines its kernel(s) and a host launcher `sgemm_0N(M, N, K, A, B, C, stream)`;
+// Each sgemm_0N.cu defines its kernel(s) and a host launcher `sgemm_0N(M, N, K, A, B, C, stream)`
+// (the searched steps 7 and 8 take a `config` index first);
 // kernels/cuda/__init__.py concatenates the files in order and builds them with load_inline.
 #pragma once
 #include <cuda_runtime.h>

@@ -238,9 +238,9 @@ def max_block_k(k: int, kp: int, group_size: int) -> int:
 # its speed is the bytes in flight: one wave of programs leaves the SMs' load queues short. Measured
 # on an H100 (batch 1, bf16, the CUDA-core kernel at its best tile): at 8192 x 8192 (256 programs,
 # about two per SM) splitting K in two took int8 from 66 to 48 µs and int4 from 43 to 34 µs; at
-# 4096 x 4096, 31 -> 21 µs and 21 -> 14 µs (this rule splits that one in four, which the probe did
-# not time). Each split writes its own fp32 partial sums and kernels.partial_sums adds them in a
-# fixed order: the result is the same on every run.
+# 4096 x 4096, 31 -> 21 µs and 21 -> 14 µs (SPLIT_FROM_BYTES below keeps that one unsplit: its
+# split cost the host more than it saved on the device). Each split writes its own fp32 partial
+# sums and kernels.partial_sums adds them in a fixed order: the result is the same on every run.
 SPLIT_BELOW_PROGRAMS_PER_SM = 2
 # Weights smaller than this are never split. Below it a GEMV is latency-bound, and the split's second
 # launch and allocation cost the host more than the extra loads save on the device. Measured on an
@@ -287,8 +287,9 @@ def gemv(
     ``path``: "cuda" (the CUDA C++ tensor-core kernel for int4, groups of 128, bf16, M <= 8; the
     default where ``int4_mma_unavailable`` is None and the shape fits), "mma" (Triton, tensor
     cores, any M; the default otherwise, and whenever ``split_k`` or ``fast_unpack`` is given) or
-    "gemv" (CUDA-core FMAs, M <= 4: the textbook GEMV, kept to measure against). ``split_k``: force a K split (default: only when N is
-    too small to fill the GPU). ``fast_unpack``: the PTX unpacking (default where it runs: NVIDIA
+    "gemv" (CUDA-core FMAs, M <= 4: the textbook GEMV, kept to measure against). ``split_k``:
+    force a K split (default: only when N is too small to fill the GPU and the weight is at least
+    ``SPLIT_FROM_BYTES``). ``fast_unpack``: the PTX unpacking (default where it runs: NVIDIA
     sm_80+) or False for the portable Triton code.
     """
     _check_qw(qw)  # before the key reads its fields
