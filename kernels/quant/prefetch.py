@@ -2,8 +2,8 @@
 the experiment behind page 7.2's "Why the Triton int4 kernel stalled, and the kernel that
 replaced it" (``scripts/gpu/quant_probe.py`` times it). Triton's software pipeliner only
 pipelines loads that feed ``tl.dot``, so the prefetch is written by hand (``PREFETCH``); ``LATE``
-defers the K reduction to the end instead of doing it every tile. ``quant.gemv`` does not use it: the probe found the tensor-core kernel and the CUDA C++
-int4 kernel faster."""
+defers the K reduction to the end instead of doing it every tile. ``quant.gemv`` does not use it:
+the probe found the tensor-core kernel and the CUDA C++ int4 kernel faster."""
 
 from __future__ import annotations
 
