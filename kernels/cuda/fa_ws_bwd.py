@@ -5,9 +5,9 @@ the query tiles once, and adds each tile's dQ into an fp32 buffer with TMA bulk 
 ``backward(q, k, v, o, lse, do, causal)`` takes the forward's output and log-sum-exp as
 ``kernels.cuda.fa_ws.attention`` returns them (lse in log2 units) and returns ``(dq, dk, dv)``.
 ``attention(q, k, v, causal)`` is the pair as one differentiable call: ``fa_ws``'s forward, this
-backward. On an H100, with its default schedule (``VARIANT``), it runs at 0.89-1.01x cuDNN's backward
-and at 1.05-1.18x the course's two Triton kernels at 1,024 and 2,048 tokens (page 4.12, which also
-gives Nsight Compute's account of the gap).
+backward. On an H100, with its default schedule (``VARIANT``), it runs at 0.89-1.01x cuDNN's
+backward and at 1.05-1.18x the course's two Triton kernels at 1,024 and 2,048 tokens (page 4.12,
+which also gives Nsight Compute's account of the gap).
 """
 
 from __future__ import annotations
