@@ -80,7 +80,7 @@ struct Cols {
 // 16-bit halves instead, the compiler kept each half in a register of its own across the passes
 // over the chunk (ptxas, sm_90: bf16 LayerNorm's forward with a bias at E = 32, 63 registers -> 46;
 // RMSNorm's 40 -> 32, as fp16's). at<false>: through the halves, which the norms' backward keeps
-// (with words its E = 16 LayerNorm build spills at 3 CTAs an SM). Columns at or past n load as
+// at E = 16 (with words its LayerNorm build spills at 3 CTAs an SM). Columns at or past n load as
 // zero bits (the caller masks them where zero is not neutral).
 template <typename T, int E>
 struct Packed : Cols<T, E> {
@@ -409,8 +409,16 @@ __global__ void __launch_bounds__(THREADS, bwd_ctas<T, E>())
     const int c = F::col(c0, i);
     return c < n ? __ldg(reinterpret_cast<const uint4*>(w + c)) : make_uint4(0, 0, 0, 0);
   };
+  // Values from 32-bit words at E = 32 (2 CTAs an SM leave the registers), from halves at E = 16.
+  constexpr bool WORDS = E == 32;
+  // xhat: for a 16-bit input one FFMA, x * rs + (-mu * rs) (its rounding, ~2^-24 |mu| rs, is far
+  // below the input's own); fp32 keeps (x - mu) * rs, exact where the mean dwarfs the spread.
   int row = cluster, slot = 0;
   float rs = 0.f, mu = 0.f, rs_b = 0.f, mu_b = 0.f;  // the row's statistics, and the next row's
+  auto xhat = [&](float v, float mrs) {
+    if constexpr (sizeof(T) == 2) return fmaf(v, rs, mrs);
+    else return (v - mu) * rs;
+  };
   if (row < n_rows) {
     xa.load(x + row * sx, c0, n);
     ga.load(dy + row * sdy, c0, n);
@@ -426,20 +434,23 @@ __global__ void __launch_bounds__(THREADS, bwd_ctas<T, E>())
       if constexpr (!RMS) mu_b = mean[next];
     }
     // Padding columns load dy = 0, so they add nothing to the sums.
+    const float mrs = -mu * rs;
     float acc[K] = {};
 #pragma unroll
     for (int i = 0; i < F::N; ++i) {
       const uint4 wr = weights(i);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float h = (xa.template at<false>(i, j) - mu) * rs;
-        const float g = ga.template at<false>(i, j) * to_f(reinterpret_cast<const T*>(&wr)[j]);
+        const float h = xhat(xa.template at<WORDS>(i, j), mrs);
+        const float g = ga.template at<WORDS>(i, j) * to_f(reinterpret_cast<const T*>(&wr)[j]);
         acc[0] += g * h;
         if constexpr (!RMS) acc[K - 1] += g;
       }
     }
     cluster_sum(acc, s, slot, cl);
     const float c1 = acc[0] / n, c2 = RMS ? 0.f : acc[K - 1] / n;
+    // dx = rs * (g - xhat * c1 - c2) = g * rs + (xhat * a + b): two FFMAs a value.
+    const float a = -rs * c1, b = -rs * c2;
 #pragma unroll
     for (int i = 0; i < F::N; ++i) {
       const int c = F::col(c0, i);
@@ -448,19 +459,19 @@ __global__ void __launch_bounds__(THREADS, bwd_ctas<T, E>())
       const uint4 wr = weights(i);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        h[j] = (xa.template at<false>(i, j) - mu) * rs;
-        d[j] = ga.template at<false>(i, j);
-        o[j] = rs * (d[j] * to_f(reinterpret_cast<const T*>(&wr)[j]) - h[j] * c1 - c2);
+        h[j] = xhat(xa.template at<WORDS>(i, j), mrs);
+        d[j] = ga.template at<WORDS>(i, j);
+        o[j] = fmaf(d[j] * to_f(reinterpret_cast<const T*>(&wr)[j]), rs, fmaf(h[j], a, b));
       }
       store_vec<T, V>(dx + row * sdx + c, o);
 #pragma unroll
       for (int k = 0; k < G4; ++k) {
-        float4& a = dw_sum[(i * G4 + k) * THREADS + t];
-        a.x += d[4 * k] * h[4 * k], a.y += d[4 * k + 1] * h[4 * k + 1];
-        a.z += d[4 * k + 2] * h[4 * k + 2], a.w += d[4 * k + 3] * h[4 * k + 3];
+        float4& sw = dw_sum[(i * G4 + k) * THREADS + t];
+        sw.x += d[4 * k] * h[4 * k], sw.y += d[4 * k + 1] * h[4 * k + 1];
+        sw.z += d[4 * k + 2] * h[4 * k + 2], sw.w += d[4 * k + 3] * h[4 * k + 3];
         if constexpr (BIAS) {
-          float4& b = db_sum[(i * G4 + k) * THREADS + t];
-          b.x += d[4 * k], b.y += d[4 * k + 1], b.z += d[4 * k + 2], b.w += d[4 * k + 3];
+          float4& sb = db_sum[(i * G4 + k) * THREADS + t];
+          sb.x += d[4 * k], sb.y += d[4 * k + 1], sb.z += d[4 * k + 2], sb.w += d[4 * k + 3];
         }
       }
     }

@@ -69,7 +69,10 @@ CANDIDATE_TILES = {
 # softmax's forward 0.74 -> 0.79 / 0.74 -> 0.79; LayerNorm's forward 0.68 -> 0.83 / 0.73 -> 0.83;
 # RMSNorm's forward 0.90 -> 0.89 / 0.90 -> 0.89, so it keeps the default, which bf16 values
 # converted from 32-bit words brought to 32 registers (8 CTAs an SM; 0.87 at 40 registers before).
-# LayerNorm's backward at 32 waits (WINS keeps Triton there, below).
+# The norms' backward at E 32 then took its values from 32-bit words too, and xhat and dx fused
+# multiply-adds: bf16 LayerNorm 0.65 -> 0.67, RMSNorm 0.80 -> 0.80, where fewer instructions a
+# value were predicted to give 0.72-0.75 (results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-cluster-
+# bwd-ffma.txt). LayerNorm's backward at 32 waits (WINS keeps Triton there, below).
 TILES: dict[str, dict[torch.dtype, tuple[int, int]]] = {
     "softmax_fwd": {torch.float16: (64, 4)},
     "softmax_bwd": {torch.bfloat16: (32, 0), torch.float16: (32, 0)},
@@ -100,8 +103,8 @@ LOOP_FWD: dict[str, set[torch.dtype]] = {}
 # and 0.80 / 0.59, LayerNorm's forward 0.83 / 0.66; softmax's forward (0.79 at (64, 4) / 0.85)
 # keeps Triton. fp16 as bf16, except softmax's forward: the Triton kernel measures 0.65 (ptxas: 216
 # bytes of spill stores a thread against bf16's 80) and the cluster kernel 0.79 with its candidate
-# tile. LayerNorm's 16-bit backward measured 0.61 (0.65-0.67 at E 32) against Triton's 0.59 but
-# keeps Triton: a thin margin on one H100, and an H200 measured the cluster kernel at half Triton's
+# tile. LayerNorm's 16-bit backward measured 0.61 (0.65-0.67 at E 32; bf16 0.67 after the words
+# and FMAs) against Triton's 0.59 but keeps Triton: a thin margin on one H100, and an H200 measured the cluster kernel at half Triton's
 # speed there (0.29-0.31 against 0.59, 2026-12-05, before the exchange and E 32); WINS is one table
 # for every Hopper GPU.
 _HALF = {torch.float16, torch.bfloat16}

@@ -408,7 +408,12 @@ __global__ void __launch_bounds__(faws::NT, 1)
 // took the masked forward at 512 tokens from 0.75x to 0.82x cuDNN; without the mask, and from
 // 1,024 tokens, it moved within the runs' spread:
 // results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-fa-q-slots.txt.)
-template <bool CAUSAL>
+//
+// EARLY: once a tile's last P V is done, the consumers wait for the next tile's Q and issue its
+// first S = Q K^T before they normalise and store this tile's O, so the epilogue's stores run while
+// the tensor cores work. (The two paths, with an S in flight and without, each store on their own:
+// merged, ptxas must assume the S registers busy and waits for the wgmma there, warning C7517.)
+template <bool CAUSAL, bool EARLY>
 __global__ void __launch_bounds__(faws::NT, 1)
     fa_ws_persistent_kernel(const __grid_constant__ CUtensorMap map_q,
                             const __grid_constant__ CUtensorMap map_k,
@@ -492,26 +497,41 @@ __global__ void __launch_bounds__(faws::NT, 1)
     float o[64], sc[64], m[2], l[2], alpha[2];
     uint32_t p[BN / 16][4];
     uint32_t g = 0;
-    for (int it = 0;; ++it) {
+    // Tile `it`'s number, coordinates and rows: read once its Q slot is full.
+    int t, m0, bh, blocks;
+    Consumer me;
+    const auto next_tile = [&](int it) {
       const int qs = it % Q_SLOTS;
       mbar_wait(q_full + 8 * qs, (it / Q_SLOTS) & 1);
-      const int t = current_tile[qs];
-      if (t >= tiles) break;
-      int m0, bh, blocks;
+      t = current_tile[qs];
+      if (t >= tiles) return false;
       coords(t, m0, bh, blocks);
       const int r0 = m0 + 64 * c + 16 * warp + lane / 4;
-      const Consumer me{q_tiles + qs * TILE + c * 64 * 128, {r0, r0 + 8}, lane, N, qk_scale};
+      me = Consumer{q_tiles + qs * TILE + c * 64 * 128, {r0, r0 + 8}, lane, N, qk_scale};
+      return true;
+    };
+    // S of the ring's next K tile (fill g), issued and not waited for.
+    const auto first_s = [&] {
+      mbar_wait(k_full + 8 * (g % STAGES), (g / STAGES) & 1);
+      issue_qk(sc, me, kv + (g % STAGES) * 2 * TILE);
+    };
+    bool more = next_tile(0);
+    if (EARLY && more) first_s();
+    for (int it = 0; more; ++it) {
+      const int qs = it % Q_SLOTS;
 #pragma unroll
       for (int i = 0; i < 64; ++i) o[i] = 0.f;
       m[0] = m[1] = -INFINITY;
       l[0] = l[1] = 0.f;
-      // One key tile: j picks the keys (and the mask), g the ring slot and its phase. After the
-      // last S of the tile, Q is released to the producer.
-      const auto tile = [&](int j, auto mask) {
+      // One key tile: j picks the keys (and the mask), g the ring slot and its phase; ISSUED: its S
+      // is already in flight (EARLY's first tile). After the last S of the tile, Q is released.
+      const auto tile = [&](int j, auto mask, auto issued) {
         const uint32_t s = g % STAGES, parity = (g / STAGES) & 1;
         const uint32_t k_tile = kv + s * 2 * TILE;
-        mbar_wait(k_full + 8 * s, parity);
-        issue_qk(sc, me, k_tile);
+        if (!decltype(issued)::value) {
+          mbar_wait(k_full + 8 * s, parity);
+          issue_qk(sc, me, k_tile);
+        }
         wgmma_wait<0>();
         fence_operands(sc);
         // The last S of the tile: its Q slot is free.
@@ -526,15 +546,32 @@ __global__ void __launch_bounds__(faws::NT, 1)
         if (lane == 0) mbar_arrive(empty + 8 * s);
         ++g;
       };
-      for (int j = 0; j < blocks - 1; ++j) tile(j, std::false_type{});
-      tile(blocks - 1, std::true_type{});
-      store_rows(o, m, l, me.row, lane, bh, N, qk_scale, O, lse);
+      int j = 0;
+      if constexpr (EARLY) {  // the first key tile's S is in flight; it may be the last tile too
+        if (blocks == 1) tile(0, std::true_type{}, std::true_type{});
+        else tile(0, std::false_type{}, std::true_type{});
+        j = 1;
+      }
+      if (j < blocks) {
+        for (; j < blocks - 1; ++j) tile(j, std::false_type{}, std::false_type{});
+        tile(blocks - 1, std::true_type{}, std::false_type{});
+      }
+      // This tile's rows, before the next tile's coordinates replace them.
+      const int row[2] = {me.row[0], me.row[1]}, this_bh = bh;
+      more = next_tile(it + 1);
+      if (EARLY && more) {
+        first_s();
+        store_rows(o, m, l, row, lane, this_bh, N, qk_scale, O, lse);
+      } else {
+        store_rows(o, m, l, row, lane, this_bh, N, qk_scale, O, lse);
+      }
     }
   }
 }
 
 // Q, K, V, O: [BH * N, 128] row-major; lse: [BH * N]. nullptr when it launched, else what went
-// wrong. schedule: 0 plain, 1 overlap, 2 persistent (kernels/cuda/fa_ws.py's SCHEDULES, in order).
+// wrong. schedule: 0 plain, 1 overlap, 2 persistent, 3 persistent-early (kernels/cuda/fa_ws.py's
+// SCHEDULES, in order).
 // tile_counter: one int in global memory, zero at launch (the persistent schedule's tile counter;
 // unused by the others).
 const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* V, bf16* O, float* lse, int BH,
@@ -546,13 +583,15 @@ const char* fa_ws_forward(const bf16* Q, const bf16* K, const bf16* V, bf16* O, 
   if ((err = hgemm_tensor_map(&map_q, Q, BH * N, D, BM))) return err;
   if ((err = hgemm_tensor_map(&map_k, K, BH * N, D, BN))) return err;
   if ((err = hgemm_tensor_map(&map_v, V, BH * N, D, BN))) return err;
-  if (schedule == 2) {
+  if (schedule == 2 || schedule == 3) {
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
       return "cudaDeviceGetAttribute(MultiProcessorCount) failed";
     const int tiles = HG_CEIL_DIV(N, BM) * BH;
-    auto kernel = causal ? fa_ws_persistent_kernel<true> : fa_ws_persistent_kernel<false>;
+    const bool early = schedule == 3;
+    auto kernel = causal ? (early ? fa_ws_persistent_kernel<true, true> : fa_ws_persistent_kernel<true, false>)
+                         : (early ? fa_ws_persistent_kernel<false, true> : fa_ws_persistent_kernel<false, false>);
     if ((err = hgemm_allow_smem(kernel, SMEM_PERSISTENT))) return err;
     if (tile_counter == nullptr) return "the persistent schedule needs a tile counter";
     kernel<<<min(sms, tiles), NT, SMEM_PERSISTENT, s>>>(map_q, map_k, map_v, N, BH, qk_scale, O,

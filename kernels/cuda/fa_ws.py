@@ -5,12 +5,13 @@ tensors: ``o = softmax(q kᵀ · sm_scale) v`` in bf16 and the log-sum-exp of ev
 ``kernels.flash_attention``'s log2 convention (fp32 ``[B, H, N]``). ``fa_ws.cu`` says how it works:
 a producer warpgroup streams K and V tiles with TMA into a two-slot mbarrier ring, and two consumer
 warpgroups each run 64 query rows through ``wgmma`` (S = Q Kᵀ from shared memory, O += P V with P
-from registers) and the online softmax between them. Three schedules (``SCHEDULES``): "plain", which
+from registers) and the online softmax between them. Four schedules (``SCHEDULES``): "plain", which
 waits for each product in turn; FlashAttention-3's "overlap", which measured 1-8% slower on an H100
-(page 4.12, FlashAttention-3 in CUDA, says by how much and why); and "persistent", the plain one on a
-grid of one block per SM that draws tiles off a global counter: the default with the causal mask and
-without (on an H100 1.05-1.11x plain with the mask, 1.08x at 512 tokens without it, level from
-1,024).
+(page 4.12, FlashAttention-3 in CUDA, says by how much and why); "persistent", the plain one on a
+grid of one block per SM that draws tiles off a global counter (on an H100 1.05-1.11x plain with
+the causal mask, 1.08x at 512 tokens without it, level from 1,024): the default without the mask;
+and "persistent-early", which also issues the next tile's first S before it stores this tile's O:
+the default with the mask (1.01-1.03x "persistent" there; ``default_schedule``).
 
 Why CUDA and not Triton: Triton 3.6's automatic warp specialisation of this kernel computes the
 causal case wrongly (``kernels/flash_attention_ws.py`` keeps that experiment), and splitting the
@@ -41,14 +42,16 @@ from kernels.cuda import hgemm_check
 
 HEAD_DIM = 128
 # "plain": each consumer waits for each of its products in turn, and the two consumers run
-# unsynchronised, so one's softmax can overlap the other's products; "persistent" (the default,
-# with the mask and without): the plain schedule with one block per SM drawing
+# unsynchronised, so one's softmax can overlap the other's products; "persistent" (the default
+# without the mask): the plain schedule with one block per SM drawing
 # (query tile, head) pairs off a counter, so one tile's epilogue overlaps the next one's loads and
 # blocks that drew short causal tiles draw more (a fixed stride of tiles per block measured 7-11%
 # slower than plain with the mask: the hardware's block scheduler balanced uneven tiles better);
 # "overlap": FlashAttention-3's schedule (the softmax of one key tile runs while the tensor cores do
 # the previous tile's P V, and named barriers make the two consumers take turns to issue products).
-SCHEDULES = ("plain", "overlap", "persistent")  # in the binding's order: schedule 0, 1, 2
+# "persistent-early" (the default with the mask): the persistent schedule issuing the next tile's
+# first S before it stores this tile's O, so the tensor cores work through the epilogue.
+SCHEDULES = ("plain", "overlap", "persistent", "persistent-early")  # the binding's 0, 1, 2, 3
 SOURCES = ["hgemm_common.cuh", "fa_ws.cu"]
 SIGNATURE = (
     "std::vector<torch::Tensor> fa_ws(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
@@ -159,11 +162,15 @@ def _check(q, k, v, sm_scale) -> float:
 
 
 def default_schedule(causal: bool) -> str:
-    """ "persistent", with the causal mask and without: its tile counter balances the causal tiles
-    (1.05-1.11x plain on an H100), and its producer loads the next tile while the consumers finish
-    the last, which pays most where tiles are short (2026-12-06, H100, 16k tokens, bf16: 1.08x plain
-    at 512 tokens without the mask, 0.99-1.01x at 1,024-8,192)."""
-    return "persistent"
+    """The schedule ``attention`` runs when none is named: the faster on an H100 (16k tokens, bf16;
+    scripts/gpu/fa_schedules_probe.py). "persistent" without the mask: its producer loads the next
+    tile while the consumers finish the last, which pays where tiles are short (2026-12-06: 1.08x
+    plain at 512 tokens, 0.99-1.01x at 1,024-8,192). "persistent-early" with it: the tile counter
+    balances the causal tiles (1.05-1.11x plain), and issuing the next tile's first S before the
+    epilogue measured 1.006-1.033x "persistent" at every length from 512 to 8,192 tokens; without
+    the mask it measured 0.987-1.017x, inside the spread between runs
+    (results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-fa-schedules-early.txt)."""
+    return "persistent-early" if causal else "persistent"
 
 
 def attention(

@@ -23,10 +23,10 @@ std::vector<torch::Tensor> fa_ws(torch::Tensor q, torch::Tensor k, torch::Tensor
   const float qk_scale = static_cast<float>(sm_scale * 1.4426950408889634);  // scores in log2 units
   // The persistent schedule's tile counter, zeroed on this stream before the launch.
   torch::Tensor counter;
-  if (schedule == 2) counter = torch::zeros({1}, q.options().dtype(torch::kInt32));
+  if (schedule == 2 || schedule == 3) counter = torch::zeros({1}, q.options().dtype(torch::kInt32));
   const char* err = fa_ws_forward(ptr(q), ptr(k), ptr(v), reinterpret_cast<bf16*>(o.data_ptr()),
                                   lse.data_ptr<float>(), BH, N, qk_scale, causal, static_cast<int>(schedule),
-                                  schedule == 2 ? counter.data_ptr<int>() : nullptr,
+                                  schedule == 2 || schedule == 3 ? counter.data_ptr<int>() : nullptr,
                                   at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, "fa_ws: ", err ? err : "");
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -6,7 +6,8 @@ the shapes sweep's attention rows, on a Hopper GPU:
 bf16, head dim 128, 16 heads, 16,384 tokens a call. Each schedule's output is first checked against
 the default's; then every case is timed (kernels.bench.measure: L2 flushed, median) ROUNDS times,
 the implementations alternated, and the table gives the median over the rounds. The result behind
-``fa_ws.default_schedule``: results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-fa-schedules.txt.
+``fa_ws.default_schedule``: results/profiles/2026-12-06-nvidia-h100-80gb-hbm3-fa-schedules.txt and
+results/profiles/2026-12-07-nvidia-h100-80gb-hbm3-fa-schedules-early.txt.
 """
 
 import functools

@@ -12,13 +12,16 @@ default, in one run, against PyTorch's backward:
   tens of µs between runs while the work done does not;
 - device: ``bench.measure(..., device_only=True)``, the kernels' time with the host kept out.
 
-Three rounds, the variants' order alternated; each number is the least of the three.
+Three rounds, the variants' order alternated; each number is the least of the three. ``--blocks``
+adds thresholds to try (64: one program up to 64 row blocks), ``--dtype`` and ``--shapes`` pick
+the cases.
 
-    python scripts/gpu/norm_bwd_host_probe.py
+    python scripts/gpu/norm_bwd_host_probe.py [--blocks 64] [--dtype fp16] [--shapes 64x1024 16x4096]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -42,9 +45,9 @@ def device_us(fn) -> float:
     return bench.measure(fn, device_only=True, warmup_ms=10, rep_ms=40).ms * 1e3
 
 
-def grad_calls(kind: str, rows: int, cols: int):
-    """(ours, PyTorch's) backward of ``kind`` on ``[rows, cols]`` bf16, each one kept forward."""
-    x, w, b, dy = norms.make_inputs(rows, cols, torch.bfloat16)
+def grad_calls(kind: str, rows: int, cols: int, dtype: torch.dtype):
+    """(ours, PyTorch's) backward of ``kind`` on ``[rows, cols]``, each one kept forward."""
+    x, w, b, dy = norms.make_inputs(rows, cols, dtype)
     x, w, b = (t.requires_grad_() for t in (x, w, b))
     if kind == "rms_norm":
         leaves = [x, w]
@@ -58,18 +61,26 @@ def grad_calls(kind: str, rows: int, cols: int):
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--blocks", type=int, nargs="*", default=[], help="more thresholds to try")
+    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    ap.add_argument("--shapes", nargs="*", default=[f"{r}x{c}" for r, c in SHAPES])
+    args = ap.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    cases = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     default = norms.ONE_PROGRAM_BLOCKS
+    variants = sorted({0, default, *args.blocks})
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    print(f"ONE_PROGRAM_BLOCKS = {default}; least of {ROUNDS} rounds")
-    print(f"{'case':22s} {'host CPU µs per call':>33s} | {'device µs':>26s}")
-    print(f"{'':22s} {'2 launch':>9s} {'default':>9s} {'torch':>8s}  | {'2 launch':>8s} "
-          f"{'default':>8s} {'torch':>7s}  one program?")  # fmt: skip
-    for rows, cols in SHAPES:
+    print(f"{args.dtype}; ONE_PROGRAM_BLOCKS = {default} (default); least of {ROUNDS} rounds")
+    names = [f"{v}{'*' if v == default else ''}" for v in variants] + ["torch"]
+    print(f"{'case':24s} {'row blocks':>10s} | host CPU µs a call: " + " ".join(f"{n:>7s}" for n in names)
+          + " | device µs: " + " ".join(f"{n:>7s}" for n in names))  # fmt: skip
+    for rows, cols in cases:
         for kind in ("rms_norm", "layer_norm"):
-            make_ours, theirs = grad_calls(kind, rows, cols)
+            make_ours, theirs = grad_calls(kind, rows, cols, dtype)
             res: dict = {}
             for rnd in range(ROUNDS):
-                for blocks in (0, default) if rnd % 2 == 0 else (default, 0):
+                for blocks in variants if rnd % 2 == 0 else variants[::-1]:
                     norms.ONE_PROGRAM_BLOCKS = blocks
                     norms._BWD_PLANS.clear()
                     norms._BWD_LAYOUTS.plans.clear()
@@ -80,11 +91,13 @@ def main() -> None:
                 res.setdefault(("dev", "torch"), []).append(device_us(theirs))
             norms.ONE_PROGRAM_BLOCKS = default
             m = {k: min(v) for k, v in res.items()}
-            one = norms.bwd_config(rows, cols)["programs"] == 1
+            keys = [*variants, "torch"]
+            blocks = norms.fwd_config(rows, cols)["programs"]
             print(
-                f"{kind + f' {rows}x{cols}':22s} {m['cpu', 0]:9.1f} {m['cpu', default]:9.1f} "
-                f"{m['cpu', 'torch']:8.1f}  | {m['dev', 0]:8.1f} {m['dev', default]:8.1f} "
-                f"{m['dev', 'torch']:7.1f}  {'yes' if one else 'no'}",
+                f"{kind + f' {rows}x{cols}':24s} {blocks:10d} | {'':20s}"
+                + " ".join(f"{m['cpu', k]:7.1f}" for k in keys)
+                + f" | {'':10s}"
+                + " ".join(f"{m['dev', k]:7.1f}" for k in keys),
                 flush=True,
             )
 
