@@ -57,7 +57,7 @@ CANDIDATE_TILES = {
     "rms_norm_fwd": [(64, 4)],  # 4 x 32 KB (default: 8 x 16 KB)
     "layer_norm_fwd": [(64, 4)],  # 61-64 registers: 4 x 32 KB (default: 5-6 x 16 KB)
     "softmax_bwd": [(32, 0)],  # 80 registers: 3 x 2 x 16 KB (default E 16: 5 x 2 x 8 KB)
-    # 123-128 registers (weights re-read from L1 each pass), 2 CTAs an SM with 32 KB of the next
+    # 121-126 registers (weights re-read from L1 each pass), 2 CTAs an SM with 32 KB of the next
     # row in flight each, 8 CTAs a row at 65,536 (default E 16: 3 x 16 KB, 16 CTAs a row)
     "rms_norm_bwd": [(32, 0)],
     "layer_norm_bwd": [(32, 0)],

@@ -92,9 +92,9 @@ def main() -> None:
             norms.ONE_PROGRAM_BLOCKS = default
             m = {k: min(v) for k, v in res.items()}
             keys = [*variants, "torch"]
-            blocks = norms.fwd_config(rows, cols)["programs"]
+            row_blocks = norms.fwd_config(rows, cols)["programs"]
             print(
-                f"{kind + f' {rows}x{cols}':24s} {blocks:10d} | {'':20s}"
+                f"{kind + f' {rows}x{cols}':24s} {row_blocks:10d} | {'':20s}"
                 + " ".join(f"{m['cpu', k]:7.1f}" for k in keys)
                 + f" | {'':10s}"
                 + " ".join(f"{m['dev', k]:7.1f}" for k in keys),
